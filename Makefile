@@ -21,9 +21,12 @@ $(STAMP): settings.ini setup.py
 	@touch $@
 	@echo "environment ready in $(VENV)"
 
-## main job: regenerate every paper's tables and figures (default profile, embedded models)
+# the data mirror: $RAG_LAB_DATA, else ../shared/data when it exists (else loaders download into data/)
+DATA_MIRROR := $(or $(RAG_LAB_DATA),$(if $(wildcard ../shared/data),$(abspath ../shared/data)))
+
+## main job: regenerate every paper's tables and figures (default profile, embedded models; ONLY="rag2 verirag" for some)
 reproduce: install
-	$(BIN)/rag-lab reproduce --profile $(PROFILE)
+	$(if $(DATA_MIRROR),RAG_LAB_DATA=$(DATA_MIRROR)) $(BIN)/rag-lab reproduce --profile $(PROFILE) $(if $(ONLY),--only $(ONLY))
 
 ## whole test suite: notebooks clean and in sync, nbdev_test (smoke profile), pytest
 test: install

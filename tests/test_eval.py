@@ -3,24 +3,24 @@ import json
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st, settings
-from rag_lab.eval import parse_choice, parse_mirage_output, accuracy, bootstrap_ci, paired_bootstrap, mirage_locate_answer
+from rag_lab.eval import parse_option, parse_mirage_output, accuracy, bootstrap_ci, paired_bootstrap, mirage_locate_answer
 
 YN = {'A': 'yes', 'B': 'no', 'C': 'maybe'}
 MCQ = {'A': 'Aspirin', 'B': 'Heparin', 'C': 'Warfarin', 'D': 'None of the above'}
 
 @given(st.text(max_size=200))
 @settings(max_examples=300, deadline=None)
-def test_parse_choice_total_and_honest(text):
-    p = parse_choice(text, YN)
+def test_parse_option_total_and_honest(text):
+    p = parse_option(text, YN)
     assert p.status in ('ok', 'unparseable', 'missing')
     assert (p.letter in YN) if p.ok else p.letter is None
 
 @given(st.sampled_from(list(MCQ)), st.sampled_from(['{k}', '{k}.', '({k})', '{k}. {v}', 'Option {k}', '{v}']))
-def test_parse_choice_reads_every_honest_format(k, fmt):
-    assert parse_choice(fmt.format(k=k, v=MCQ[k]), MCQ).letter == k
+def test_parse_option_reads_every_honest_format(k, fmt):
+    assert parse_option(fmt.format(k=k, v=MCQ[k]), MCQ).letter == k
 
 def test_contradictory_letter_and_text_is_unparseable():
-    assert parse_choice('A. no', YN).status == 'unparseable'
+    assert parse_option('A. no', YN).status == 'unparseable'
 
 @given(st.text(max_size=300))
 @settings(max_examples=300, deadline=None)

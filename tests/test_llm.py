@@ -7,7 +7,7 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 from rag_lab.llm import (EMBEDDED_MODELS, LLMCache, LLMError, Ledger, LlamaCppLLM, ModelError, OpenAILLM, ParsedAnswer,
                          RateLimiter,
                          TransformersLLM, assemble_parts, build_tiny_checkpoint, chat_structured, checkpoint_fingerprint,
-                         distribution_data_files, embedded_model_path, extract_json, get_llm, parse_choice,
+                         distribution_data_files, embedded_model_path, extract_json, get_llm, parse_answer_statement,
                          parse_final_answer, parse_json_verdict, retry_call, verify_model_file)
 from rag_lab.config import file_sha256, resolve_params
 from pydantic import BaseModel
@@ -190,13 +190,14 @@ def test_parsers_never_default():
     assert parse_final_answer('FINAL ANSWER: A\nFINAL ANSWER: C. maybe', yn).answer == 'C'
     assert parse_final_answer('**FINAL ANSWER: A. yes**', yn).answer == 'A'
     assert parse_final_answer('ANSWER UNAVAILABLE', yn) == ParsedAnswer(status='unavailable', raw='ANSWER UNAVAILABLE')
-    for text in ['', 'yes', 'FINAL ANSWER: D. perhaps', 'FINAL ANSWER: B. yes']:
+    assert parse_final_answer('yes', yn).answer == 'A'   # a reply that is only an option is that option
+    for text in ['', 'it could be yes', 'FINAL ANSWER: D. perhaps', 'FINAL ANSWER: B. yes']:
         p = parse_final_answer(text, yn)
         assert p.status == 'unparseable' and p.answer is None, text
     opts = {'A': 'a', 'B': 'b', 'C': 'c', 'D': 'd'}
-    assert parse_choice('I think (A) but on reflection the answer is (C).', opts).answer == 'C'
-    assert parse_choice('The answer is: D', opts).answer == 'D'
-    assert parse_choice('It could be anything.', opts).status == 'unparseable'
+    assert parse_answer_statement('I think (A) but on reflection the answer is (C).', opts).answer == 'C'
+    assert parse_answer_statement('The answer is: D', opts).answer == 'D'
+    assert parse_answer_statement('It could be anything.', opts).status == 'unparseable'
     labels = ['SUPPORT', 'CONTRADICT', 'NEI']
     assert parse_json_verdict('{"label": "contradict"}', labels, key='label').answer == 'CONTRADICT'
     assert parse_json_verdict('{"label": "contra', labels, key='label').status == 'unparseable'

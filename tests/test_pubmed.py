@@ -176,13 +176,14 @@ def _agent_script(state, cite='[PMID: 101]'):
                                           'redundant': 'No', 'rationale': 'r'} for i in range(5)]})
         if 'Revise the MeSH terms' in p:
             state['refine'] += 1
-            return json.dumps({'concepts': [['Asthma'], [['Leukotrienes', 'Child', 'Adolescent', 'Steroids'][state['refine'] % 4]]]})
+            # an OR-group with Asthma: every refinement is new and still has hits (a zero-hit query is never 'covered')
+            return json.dumps({'concepts': [['Asthma', ['Leukotrienes', 'Child', 'Adolescent', 'Steroids'][state['refine'] % 4]]]})
         if 'Select the candidates' in p: return json.dumps({'concepts': [['Asthma']]})
         if 'plausibly relevant' in p: return json.dumps({'keep': ['101', '102']})
         if 'copy or paraphrase' in p: return json.dumps({'items': [{'pmid': '101', 'evidence': 'e', 'aligned': 'Yes'}]})
         if 'cover the main aspects' in p: return json.dumps({'sufficient': 'No', 'rationale': 'r'})
         if 'Summarise, article by article' in p: return json.dumps({'summary': 's [PMID: 101]'})
-        return json.dumps({'answer': 'yes', 'response': f'yes {cite}'})
+        return json.dumps({'answer': 'yes', 'rationale': f'yes, leukotrienes matter in asthma {cite}'})
     return reply
 
 QUESTION = Question('q', 'Do leukotrienes matter in asthma?', {k: k for k in ('yes', 'no', 'maybe')}, 'yes', 'Answer.', max_year=2020)

@@ -45,16 +45,18 @@ def test_delta_ppl_sign_on_a_constructed_case(smol):
     assert rationale_ppl(smol, Q, OPTS, rationale, snippet=rationale) == same
     assert smol.ledger.frame().cached.any()
     tau = helpful_threshold([d_same, d_other, -abs(d_other) - 1, 0.0], 0.25)
-    assert ppl_labels([d_same, d_other], tau).tolist() == [1, int(d_other >= tau and d_other > 0)]
+    assert ppl_labels([d_same, d_other], tau).tolist() == [1, int(d_other >= tau)]
+    assert ppl_labels([d_same, d_other], tau, require_gain=True).tolist() == [1, int(d_other >= tau and d_other > 0)]
 
 
-def test_threshold_is_the_top_quantile_and_never_labels_a_perplexity_increase():
+def test_threshold_is_the_top_quantile_and_require_gain_never_labels_a_perplexity_increase():
     deltas = [-1.0, 0.2, 0.5, 3.0, 1.5, -0.3, 0.0, 2.0]
     tau = helpful_threshold(deltas, 0.25)
     assert tau == pytest.approx(np.quantile(deltas, 0.75))
     assert ppl_labels(deltas, tau).tolist() == [0, 0, 0, 1, 0, 0, 0, 1]
-    hurting = [-3.0, -2.0, -1.0, -0.5]  # every snippet raises the perplexity: the top quartile is still not helpful
-    assert ppl_labels(hurting, helpful_threshold(hurting, 0.25)).sum() == 0
+    hurting = [-3.0, -2.0, -1.0, -0.5]  # every snippet raises the perplexity
+    assert ppl_labels(hurting, helpful_threshold(hurting, 0.25)).tolist() == [0, 0, 0, 1]  # paper: the least harmful
+    assert ppl_labels(hurting, helpful_threshold(hurting, 0.25), require_gain=True).sum() == 0
     with pytest.raises(ValueError, match='no ΔPPL'): helpful_threshold([], 0.25)
     with pytest.raises(ValueError, match='helpful_quantile'): helpful_threshold([1.0], 1.0)
     with pytest.raises(ValueError, match='positive'): delta_ppl(0.0, 2.0)
@@ -65,9 +67,10 @@ def test_threshold_is_the_top_quantile_and_never_labels_a_perplexity_increase():
 @given(st.lists(st.floats(-50, 50, allow_nan=False), min_size=1, max_size=200, unique=True),
        st.floats(0.05, 0.95))
 def test_helpful_share_never_exceeds_the_quantile(deltas, q):
-    lab = ppl_labels(deltas, helpful_threshold(deltas, q))
-    assert lab.sum() <= int(np.ceil(q * len(deltas))) + 1
-    assert all(d > 0 for d, l in zip(deltas, lab) if l)
+    tau = helpful_threshold(deltas, q)
+    lab, strict = ppl_labels(deltas, tau), ppl_labels(deltas, tau, require_gain=True)
+    assert 1 <= lab.sum() <= int(np.ceil(q * len(deltas))) + 1
+    assert all(d > 0 for d, l in zip(deltas, strict) if l) and (strict <= lab).all()
 
 
 # ---------------------------------------------------------------- the filter's window

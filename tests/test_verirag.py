@@ -155,3 +155,14 @@ def test_paper_confusion_matrices_reproduce_table3():
 def test_binary_metrics_refuses_bad_input():
     with pytest.raises(ValueError): binary_metrics([True], [True, False])
     with pytest.raises(ValueError): binary_metrics([], [])
+
+
+def test_selfrag_schema_wants_one_critique_per_passage():
+    from pydantic import ValidationError
+    from rag_lab.verirag_pipeline import selfrag_schema
+    S = selfrag_schema(['111', '222'])
+    one = lambda pid: dict(passage_id=pid, relevant=True, support='No Support')
+    assert len(S.model_validate(dict(critiques=[one('111'), one('222')])).critiques) == 2
+    for bad in ([one('111')], [one('111'), one('222'), one('111')], [one('111'), one('999')]):
+        with pytest.raises(ValidationError): S.model_validate(dict(critiques=bad))
+    assert S.model_json_schema()['properties']['critiques']['maxItems'] == 2  # what the llama.cpp grammar enforces
