@@ -8,6 +8,7 @@ import random, re
 from dataclasses import dataclass, field
 from typing import Annotated, Literal, Sequence
 import pandas as pd
+from sklearn.metrics import cohen_kappa_score
 from pydantic import BaseModel, Field, StringConstraints, create_model
 from .llm import LLM, LEDGER, Ledger, chat_structured
 from .pubmed import (Article, PubMedClient, QuerySyntaxError, compose_query, mesh_terms, normalize_query,
@@ -504,11 +505,7 @@ def win_tie_loss(judgements: Sequence[dict | None]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 def cohen_kappa(a: Sequence[bool], b: Sequence[bool]) -> float:
-    "Cohen's kappa of two binary labelings (NaN if undefined)."
+    "Cohen's kappa of two binary labelings (scikit-learn), NaN when undefined (no labels, or one label throughout)."
     if len(a) != len(b): raise ValueError(f"kappa needs equal-length labelings, got {len(a)} and {len(b)}")
-    n = len(a)
-    if n == 0: return float('nan')
-    po = sum(x == y for x, y in zip(a, b)) / n
-    pa, pb = sum(a) / n, sum(b) / n
-    pe = pa * pb + (1 - pa) * (1 - pb)
-    return float('nan') if pe == 1 else (po - pe) / (1 - pe)
+    if len(set(a) | set(b)) < 2: return float('nan')  # chance agreement is 1
+    return float(cohen_kappa_score(list(a), list(b)))
