@@ -86,6 +86,13 @@ PAPERS = {  # slug -> notebook
 }
 Backend = Literal['llamacpp', 'transformers', 'openai']
 
+def _comma_list_of(v: str, known: set[str], what: str) -> str:
+    "Validate a comma-separated parameter whose items must all be `known`."
+    items = [x.strip() for x in v.split(',')]
+    bad = sorted(set(items) - known)
+    if bad or not v.strip(): raise ValueError(f"unknown {what} {bad or [v]}; choose from {', '.join(sorted(known))}")
+    return ','.join(items)
+
 class NotebookParams(BaseModel):
     "Parameters every paper notebook accepts."
     model_config = ConfigDict(extra='forbid', validate_assignment=True)
@@ -122,10 +129,7 @@ class ReasonVerifyParams(LLMParams):
 
     @field_validator('datasets')
     @classmethod
-    def _known_datasets(cls, v: str) -> str:
-        bad = set(v.split(',')) - {'bioasq', 'pubmedqa'}
-        if bad: raise ValueError(f"unknown dataset(s) {sorted(bad)}; choose from bioasq, pubmedqa")
-        return v
+    def _known_datasets(cls, v: str) -> str: return _comma_list_of(v, {'bioasq', 'pubmedqa'}, 'datasets')
 
 class ClaimAwareParams(NotebookParams):
     "Claim-aware SciFact RAG (paper 2); no LLM."
@@ -150,6 +154,10 @@ class Rag2Params(LLMParams):
     snippet_words: int = Field(100, ge=10)
     table5_models: str = Field('smollm2-135m-instruct-q4_1', description="other embedded generators for Table 5, comma-separated")
 
+    @field_validator('datasets')
+    @classmethod
+    def _known_datasets(cls, v: str) -> str: return _comma_list_of(v, {'medqa', 'medmcqa', 'mmlu'}, 'datasets')
+
 class VeriragParams(LLMParams):
     "VERIRAG (paper 4)."
     claim_sets: str = 'scifact,healthver,covidfact'
@@ -160,9 +168,7 @@ class VeriragParams(LLMParams):
     @classmethod
     def _known_items(cls, v: str, info) -> str:
         known = {'claim_sets': {'scifact', 'healthver', 'covidfact'}, 'scenarios': {'TY0', 'TY1', 'TY3', 'TY5'}}[info.field_name]
-        bad = set(v.split(',')) - known
-        if bad: raise ValueError(f"unknown {info.field_name} {sorted(bad)}; choose from {', '.join(sorted(known))}")
-        return v
+        return _comma_list_of(v, known, info.field_name)
 
 class PubmedReasonerParams(LLMParams):
     "PubMed Reasoner (paper 5)."
@@ -230,9 +236,9 @@ def parse_param(slug: str, # paper slug
     except (json.JSONDecodeError, ValidationError):
         try: value = TypeAdapter(ann).validate_python(text)
         except ValidationError as e: raise ValueError(f"bad value {text!r} for {slug}.{name}: {e.errors()[0]['msg']}") from None
-    try: schema(**{**PROFILE_DEFAULTS[slug]['default'], name: value})
+    try: checked = schema(**{**PROFILE_DEFAULTS[slug]['default'], name: value})
     except ValidationError as e: raise ValueError(f"bad value {text!r} for {slug}.{name}: {e.errors()[0]['msg']}") from None
-    return value
+    return getattr(checked, name)  # as the validators normalised it
 
 # %% ../nbs/00_config.ipynb #17c9d9f9
 _KEY_PACKAGES = ('torch', 'transformers', 'sentence-transformers', 'FlagEmbedding', 'llama-cpp-python', 'openai',
