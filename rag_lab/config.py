@@ -179,6 +179,7 @@ class PubmedReasonerParams(LLMParams):
     exclude_source: bool = Field(True, description="never retrieve a PubMedQA question's own source abstract")
     eutils_url: str | None = Field(None, description="E-utilities base URL; None = the local service over the local corpus")
     relax_empty: bool | None = Field(None, description="retry zero-hit retrievals with terms ORed; None = on for the local service only")
+    undated_in_range: bool = Field(False, description="local service: records without a year meet every date limit")
 
 PARAM_SCHEMAS: dict[str, type[NotebookParams]] = {
     'reason_verify': ReasonVerifyParams, 'claim_aware': ClaimAwareParams, 'rag2': Rag2Params,

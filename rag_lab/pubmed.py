@@ -260,8 +260,11 @@ def compose_query(concepts: Sequence[Sequence[str]], # concept groups of alterna
 class LocalPubMed:
     "Boolean PubMed-syntax search with BM25 relevance ranking over a `Corpus` of PubMed-like records."
     def __init__(self, corpus: Corpus | None = None, # default: biomedical_corpus()
-                 vocabulary: MeshVocabulary | None = None):
+                 vocabulary: MeshVocabulary | None = None,
+                 undated_in_range: bool = False, # True: records without a year meet every [pdat] limit
+                ):
         self.corpus = corpus if corpus is not None else biomedical_corpus()
+        self.undated_in_range = undated_in_range
         self.vocab = vocabulary or mesh_vocabulary()
         self.bm25 = BM25Index(self.corpus)
         n = len(self.corpus)
@@ -308,7 +311,8 @@ class LocalPubMed:
         if f == 'tiab': return self._phrase(self.tiab, text)
         if f == 'ti': return self._phrase(self.ti, text)
         if f == 'pdat':
-            lo, hi = date_range(text); return (self.years >= lo) & (self.years <= hi)
+            lo, hi = date_range(text)
+            return ((self.years >= lo) & (self.years <= hi)) | (self.undated_in_range & (self.years < 0))
         if f == 'pmid': return self._mask([self.corpus.position(text)] if text in self.corpus else [])
         if node.quoted: return self._phrase(self.tiab, text) | self._phrase(self.mesh_text, text)
         m = np.ones(self._n, bool)
