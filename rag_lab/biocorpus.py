@@ -210,12 +210,15 @@ def biomedical_corpus(sources: tuple[str, ...] = BIOCORPUS_SOURCES, # which sour
         for d in build[s](): docs.setdefault(d.id, d)
     return Corpus(docs.values(), name='biocorpus-' + '+'.join(sources))
 
-def corpus_summary(corpus: Corpus) -> pd.DataFrame:
-    "Documents per source, with year and MeSH coverage, and the share of PubMed the corpus represents."
+def corpus_summary(corpus: Corpus,
+                   reference_size: int = PUBMED_SIZE, # documents in the PubMed being compared with (default: PubMed today)
+                  ) -> pd.DataFrame:
+    "Documents per source, with year and MeSH coverage, and the share of a reference PubMed the corpus represents."
+    if reference_size <= 0: raise ValueError(f"reference_size must be a positive document count, got {reference_size}")
     df = pd.DataFrame([dict(source=d.metadata['source'], dated=d.metadata['year'] is not None,
                             n_mesh=len(d.metadata['mesh']), mesh_source=d.metadata['mesh_source']) for d in corpus])
     g = df.groupby('source', sort=False).agg(documents=('dated', 'size'), with_year=('dated', 'sum'),
                                              mean_mesh=('n_mesh', 'mean'), mesh_source=('mesh_source', 'first'))
     g.loc['total'] = [len(df), df.dated.sum(), df.n_mesh.mean(), '']
-    g['share_of_pubmed'] = g.documents / PUBMED_SIZE
+    g['share_of_pubmed'] = g.documents / reference_size
     return g

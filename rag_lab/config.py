@@ -147,7 +147,7 @@ class Rag2Params(LLMParams):
     query_variant: Literal['rationale', 'question', 'question+rationale'] = 'rationale'
     rerank_query: Literal['question', 'rationale'] = 'question'
     train_n: int = Field(24, ge=2, description="MedMCQA training questions labelled by ΔPPL for the filter")
-    filter_threshold: float | None = Field(None, gt=0, lt=1, description="filter probability above which a snippet is kept; None = calibrated on the training pairs to keep the helpful_quantile share")
+    filter_threshold: float | None = Field(None, gt=0, lt=1, description="filter probability above which a snippet is kept; None = calibrated on out-of-fold filter probabilities of the training pairs to keep the helpful_quantile share")
     label_k: int = Field(3, ge=1, description="snippets labelled per training question")
     filter_model: str = Field('minilm', description="'minilm' (embedded) or a seq2seq checkpoint, e.g. google/flan-t5-large")
     topk_grid: str = '1,3'
@@ -197,7 +197,9 @@ PROFILE_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
     'claim_aware':   {'smoke': dict(n=40, dense_epochs=2), 'default': {}, 'paper': {}},
     'rag2':          {'smoke': dict(n=1, train_n=4, label_k=2, top_k=1, topk_grid='1', corpus_docs=150, table5_models='', **{**_SMOKE_LLM, 'max_tokens': 32}),
                       'default': dict(n=12, train_n=36, max_tokens=160, snippet_words=80),
-                      'paper': dict(n=None, backend='transformers', model='meta-llama/Meta-Llama-3-8B-Instruct')},
+                      'paper': dict(n=None, backend='transformers', model='meta-llama/Meta-Llama-3-8B-Instruct', max_tokens=512,
+                                    filter_model='google/flan-t5-large', filter_threshold=0.5, train_n=1000,
+                                    topk_grid='1,2,4,8,16,32', per_corpus=32, table5_models='')},
     'verirag':       {'smoke': dict(n=1, n_train=2, scenarios='TY1', claim_sets='covidfact', **_SMOKE_LLM),
                       'default': dict(n=6, n_train=12),
                       'paper': dict(n=100, n_train=60, backend='openai', model='gpt-4o')},

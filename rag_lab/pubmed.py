@@ -16,20 +16,36 @@ from .llm import RateLimiter
 from .retrieval import BM25Index, Corpus, Document, tokenize
 
 # %% auto #0
-__all__ = ['FIELD_TAGS', 'OPERATORS', 'NCBI_EUTILS', 'QuerySyntaxError', 'Term', 'Token', 'lex_query', 'BoolNode', 'date_range',
-           'parse_query', 'render_query', 'query_terms', 'normalize_query', 'mesh_terms', 'scope_query',
-           'compose_query', 'LocalPubMed', 'esearch_xml', 'efetch_xml', 'LocalEutilsServer', 'PubMedError',
-           'PubMedQueryError', 'Article', 'SearchResult', 'PubMedClient']
+__all__ = ['FIELD_TAGS', 'DATE_FIELDS', 'OPERATORS', 'MESH_FIELDS', 'LOCAL_FIELDS', 'NCBI_EUTILS', 'QuerySyntaxError', 'Term',
+           'Token', 'lex_query', 'BoolNode', 'date_range', 'parse_query', 'render_query', 'query_terms',
+           'normalize_query', 'mesh_terms', 'scope_query', 'compose_query', 'UnsupportedFieldError', 'LocalPubMed',
+           'esearch_xml', 'efetch_xml', 'LocalEutilsServer', 'PubMedError', 'PubMedQueryError', 'Article',
+           'SearchResult', 'PubMedClient']
 
 # %% ../nbs/09f_pubmed.ipynb #71a201e5
 class QuerySyntaxError(ValueError):
     "A PubMed query that cannot be parsed; the message says where and why."
 
-FIELD_TAGS: dict[str, str] = {  # accepted tag (lower case) -> canonical field
-    'mesh': 'mesh', 'mh': 'mesh', 'mesh terms': 'mesh', 'mesh:noexp': 'mesh:noexp', 'mh:noexp': 'mesh:noexp',
-    'mesh terms:noexp': 'mesh:noexp', 'tiab': 'tiab', 'title/abstract': 'tiab', 'ti': 'ti', 'title': 'ti',
-    'pdat': 'pdat', 'dp': 'pdat', 'publication date': 'pdat', 'date - publication': 'pdat',
-    'pmid': 'pmid', 'uid': 'pmid', 'all': 'all', 'all fields': 'all'}
+_NCBI_FIELDS: dict[str, tuple[str, ...]] = {  # canonical tag -> the other spellings PubMed accepts for it
+    'all': ('all fields',), 'pmid': ('uid',),
+    'mesh': ('mh', 'mesh terms'), 'mesh:noexp': ('mh:noexp', 'mesh terms:noexp'),
+    'majr': ('mesh major topic',), 'majr:noexp': ('mesh major topic:noexp',), 'sh': ('mesh subheading', 'subheading'),
+    'sh:noexp': ('mesh subheading:noexp',), 'pa': ('pharmacological action',), 'nm': ('supplementary concept', 'substance name'),
+    'rn': ('ec/rn number',), 'tiab': ('title/abstract',), 'ti': ('title',), 'ab': ('abstract',), 'tw': ('text word', 'text words'),
+    'ot': ('other term',), 'tt': ('transliterated title',), 'pt': ('publication type',), 'la': ('language',),
+    'sb': ('subset', 'filter'), 'au': ('author',), '1au': ('first author name', 'first author'),
+    'lastau': ('last author name', 'last author'), 'fau': ('full author name',), 'auid': ('author identifier',),
+    'cn': ('corporate author',), 'ir': ('investigator',), 'fir': ('full investigator name',), 'ed': ('editor',),
+    'ad': ('affiliation',), 'ta': ('journal', 'jour', 'journal title'), 'jid': ('nlm unique id',), 'vi': ('volume',),
+    'ip': ('issue',), 'pg': ('pagination',), 'aid': ('article identifier',), 'lid': ('location id',),
+    'si': ('secondary source id',), 'gr': ('grant number', 'grants and funding'), 'ps': ('personal name as subject',),
+    'pl': ('place of publication',), 'cois': ('conflict of interest statements',), 'book': (), 'isbn': (),
+    'pubn': ('publisher',), 'pdat': ('dp', 'publication date', 'date - publication'),
+    'edat': ('entry date', 'entrez date', 'date - entry'), 'crdt': ('create date', 'date - create'), 'mhda': ('mesh date',),
+    'dcom': ('completion date', 'date - completion'), 'lr': ('modification date', 'date - modification')}
+FIELD_TAGS: dict[str, str] = {alias: canon for canon, aliases in _NCBI_FIELDS.items() for alias in (canon, *aliases)}  # lower case -> canonical
+DATE_FIELDS = frozenset({'pdat', 'edat', 'crdt', 'mhda', 'dcom', 'lr'})  # values are dates or date ranges
+_PROXIMITY = re.compile(r'(ti|title|tiab|title/abstract|ad|affiliation):~(\d+)')  # "a b"[tiab:~2]: PubMed's proximity search
 OPERATORS = ('AND', 'OR', 'NOT')
 
 @dataclass(frozen=True)
@@ -43,7 +59,7 @@ class Term:
     def render(self) -> str:
         "The term in PubMed syntax."
         tag = '' if self.field == 'all' and not self.quoted else f'[{self.field}]'
-        if self.field in ('pdat', 'pmid'): return f'{self.text}{tag}'
+        if self.field in DATE_FIELDS or self.field == 'pmid': return f'{self.text}{tag}'
         quote = self.quoted or (self.field != 'all' and ' ' in self.text)
         return (f'"{self.text}"' if quote else self.text) + tag
 
@@ -56,10 +72,13 @@ class Token:
 _TOKEN = re.compile(r'\s*(?:(?P<lp>\()|(?P<rp>\))|(?P<quote>")|(?P<tag>\[)|(?P<word>[^\s()"\[\]]+)|(?P<stray>\]))')
 
 def _field(tag: str, pos: int, strict: bool) -> str | None:
-    f = FIELD_TAGS.get(' '.join(tag.lower().split()))
+    t = ' '.join(tag.lower().split())
+    if (m := _PROXIMITY.fullmatch(t)): return f'{FIELD_TAGS[m[1]]}:~{int(m[2])}'
+    f = FIELD_TAGS.get(t)
     if f is None and strict:
-        raise QuerySyntaxError(f"unknown field tag [{tag}] at position {pos}; supported tags: "
-                               f"{', '.join('[' + t + ']' for t in FIELD_TAGS)}")
+        raise QuerySyntaxError(f"unknown field tag [{tag}] at position {pos}; PubMed's tags include [mh], [majr], [sh], "
+                               f"[tiab], [ti], [ab], [tw], [au], [ta], [pt], [la], [dp] and [pmid] "
+                               f"(FIELD_TAGS lists all {len(FIELD_TAGS)} spellings)")
     return f
 
 def lex_query(query: str, # a PubMed query
@@ -141,7 +160,7 @@ def parse_query(query: str, # a PubMed query
             i += 1; return node
         if t.kind == 'term':
             i += 1
-            if t.value.field == 'pdat': date_range(t.value.text, t.pos)
+            if t.value.field in DATE_FIELDS: date_range(t.value.text, t.pos)
             if not t.value.text.strip(): raise QuerySyntaxError(f"empty term at position {t.pos}")
             return t.value
         if t.kind == 'rp': raise QuerySyntaxError(f"unbalanced parentheses: ')' at position {t.pos} has no matching '('")
@@ -174,6 +193,8 @@ def query_terms(node, field_: str | None = None) -> list[Term]:
     return query_terms(node.left, field_) + query_terms(node.right, field_)
 
 # %% ../nbs/09f_pubmed.ipynb #7b17ee29
+MESH_FIELDS = ('mesh', 'mesh:noexp', 'majr', 'majr:noexp')  # fields whose values are MeSH headings
+
 def normalize_query(query: str, # a drafted query (e.g. an LLM's)
                     vocabulary: MeshVocabulary | None = None, # MeSH for rule 4; default MeSH 2024
                    ) -> str: # a query `parse_query` accepts
@@ -208,7 +229,7 @@ def normalize_query(query: str, # a drafted query (e.g. an LLM's)
     for t in fixed:  # rule 4 and 5
         if t.kind == 'term':
             term = t.value
-            if term.field in ('mesh', 'mesh:noexp'):
+            if term.field in MESH_FIELDS:
                 d = vocab.descriptor(term.text)
                 term = Term(d, term.field, True) if d else Term(term.text, 'tiab', True)
             parts.append(term.render())
@@ -218,10 +239,10 @@ def normalize_query(query: str, # a drafted query (e.g. an LLM's)
     return render_query(parse_query(text))
 
 def mesh_terms(query: str, # a PubMed query
-              ) -> list[str]: # its [mesh]-tagged terms (MeSH preferred names where known), in order, unique
+              ) -> list[str]: # its [mesh]/[majr]-tagged terms (MeSH preferred names where known), in order, unique
     "The MeSH terms a query searches (Table 4 compares them with gold MeSH)."
     vocab = mesh_vocabulary()
-    terms = [t for t in query_terms(parse_query(query)) if t.field in ('mesh', 'mesh:noexp')]
+    terms = [t for t in query_terms(parse_query(query)) if t.field in MESH_FIELDS]
     return list(dict.fromkeys(vocab.descriptor(t.text) or t.text for t in terms))
 
 def scope_query(query: str, # a valid query
@@ -257,6 +278,11 @@ def compose_query(concepts: Sequence[Sequence[str]], # concept groups of alterna
     return render_query(parse_query(' AND '.join(dict.fromkeys(groups))))
 
 # %% ../nbs/09f_pubmed.ipynb #5194c738
+class UnsupportedFieldError(QuerySyntaxError):
+    "A valid PubMed field tag that the local service cannot search (its records lack that data)."
+
+LOCAL_FIELDS = ('all', 'pmid', 'mesh', 'mesh:noexp', 'majr', 'majr:noexp', 'tiab', 'ti', 'ab', 'tw', 'pdat')
+
 class LocalPubMed:
     "Boolean PubMed-syntax search with BM25 relevance ranking over a `Corpus` of PubMed-like records."
     def __init__(self, corpus: Corpus | None = None, # default: biomedical_corpus()
@@ -271,6 +297,7 @@ class LocalPubMed:
         self.years = np.array([d.metadata.get('year') or -1 for d in self.corpus], dtype=int)
         self.ti = [' ' + ' '.join(tokenize(d.title)) + ' ' for d in self.corpus]
         self.tiab = [' ' + ' '.join(t) + ' ' for t in self.bm25.doc_tokens]
+        self.ab = [' ' + ' '.join(tokenize(d.text)) + ' ' for d in self.corpus]
         self.by_mesh: dict[str, np.ndarray] = {}
         words: dict[str, set[int]] = {}
         for i, d in enumerate(self.corpus):
@@ -302,14 +329,20 @@ class LocalPubMed:
             a, b = self._eval(node.left, warnings), self._eval(node.right, warnings)
             return a & b if node.op == 'AND' else a | b if node.op == 'OR' else a & ~b
         f, text = node.field, node.text
-        if f in ('mesh', 'mesh:noexp'):
+        if f not in LOCAL_FIELDS:
+            raise UnsupportedFieldError(f"field [{f}] (term {text!r}) is valid PubMed syntax but not supported by the local service: "
+                                        f"its records hold only title, abstract, MeSH headings, year and PMID; it searches "
+                                        f"{', '.join('[' + x + ']' for x in LOCAL_FIELDS)} (and their long names, e.g. [dp], [mh])")
+        if f in MESH_FIELDS:  # no major-topic flags locally: [majr] searches as [mesh]
             d = self.vocab.descriptor(text)
             if d is None: warnings.append(text); return np.zeros(self._n, bool)
-            names = self.vocab.narrower(d) if f == 'mesh' else {d}
+            names = {d} if f.endswith(':noexp') else self.vocab.narrower(d)
             hits = [self.by_mesh[n] for n in names if n in self.by_mesh]
             return self._mask(np.concatenate(hits)) if hits else np.zeros(self._n, bool)
         if f == 'tiab': return self._phrase(self.tiab, text)
         if f == 'ti': return self._phrase(self.ti, text)
+        if f == 'ab': return self._phrase(self.ab, text)
+        if f == 'tw': return self._phrase(self.tiab, text) | self._phrase(self.mesh_text, text)
         if f == 'pdat':
             lo, hi = date_range(text)
             return ((self.years >= lo) & (self.years <= hi)) | (self.undated_in_range & (self.years < 0))
@@ -322,7 +355,7 @@ class LocalPubMed:
     def _positive_words(self, node, negated: bool = False) -> list[str]:
         if isinstance(node, BoolNode):
             return self._positive_words(node.left, negated) + self._positive_words(node.right, negated or node.op == 'NOT')
-        return [] if negated or node.field in ('pdat', 'pmid') else tokenize(node.text)
+        return [] if negated or node.field in DATE_FIELDS or node.field == 'pmid' else tokenize(node.text)
 
     def search(self, query: str, # PubMed syntax
                retmax: int = 20, retstart: int = 0,

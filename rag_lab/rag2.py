@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 from .retrieval import (BM25Index, Corpus, DenseIndex, Document, Reranker, SentenceTransformerEncoder, rrf,
                                sliding_windows)
-from .eval import parse_option
+from .eval import bootstrap_ci, parse_option
 from .config import quiet_loading
 from .llm import LLM, parse_answer_statement
 
@@ -21,11 +21,13 @@ __all__ = ['RATIONALE_INSTRUCTION', 'ANSWER_INSTRUCTION', 'QUERY_VARIANTS', 'STR
            'format_mcq', 'snippet_text', 'rationale_messages', 'answer_messages', 'parse_mcq_answer',
            'cot_followup_messages', 'strip_final_answer', 'make_query', 'EncoderReranker', 'MultiCorpus', 'retrieve',
            'corpus_share', 'rationale_ppl', 'delta_ppl', 'helpful_threshold', 'ppl_labels', 'MiniLMFilter',
-           'Seq2SeqFilter', 'make_filter', 'apply_filter', 'split_items']
+           'Seq2SeqFilter', 'make_filter', 'apply_filter', 'calibrate_filter_threshold', 'out_of_fold_proba',
+           'filter_report', 'rag2_prompt', 'split_items']
 
 # %% ../nbs/09e_rag2.ipynb #e002c4d4
 def check_mcq(question: str, # the question stem
               options: Mapping[str, str], # option letter -> option text
+              answer: str | None = None, # the gold letter, if known: it must be one of the option letters
              ) -> dict[str, str]: # the options with keys upper-cased and texts stripped
     "Validate a multiple-choice item; raise `ValueError` saying what is wrong."
     if not isinstance(question, str) or not question.strip(): raise ValueError("the question text is empty")
@@ -38,6 +40,8 @@ def check_mcq(question: str, # the question stem
         if not isinstance(v, str) or not v.strip(): raise ValueError(f"option {key} has no text")
         if key in out: raise ValueError(f"option {key} appears twice")
         out[key] = v.strip()
+    if answer is not None and (not isinstance(answer, str) or answer.strip().upper() not in out):
+        raise ValueError(f"gold answer {answer!r} is not among the options {', '.join(out)}")
     return out
 
 def format_mcq(question: str, options: Mapping[str, str]) -> str:
@@ -156,17 +160,17 @@ class MultiCorpus:
         return self.dense.doc_emb @ self.reranker.embed(query)
 
 # %% ../nbs/09e_rag2.ipynb #f1e0caa7
-STRATEGIES = ('stacked', 'medrag', 'balanced')
+STRATEGIES = ('stacked', 'medrag', 'balanced', 'pooled_rerank')
 
 def _top_ids(scores: np.ndarray, ids: Sequence[str], k: int) -> list[str]:
     order = np.argsort(-scores, kind='stable')[:k]
     return [ids[i] for i in order]
 
 def retrieve(mc: MultiCorpus, query: str, # the retrieval query (question or rationale)
-             strategy: str = 'balanced', # 'balanced', 'stacked', 'medrag' or 'single:<source>'
+             strategy: str = 'balanced', # one of STRATEGIES or 'single:<source>'
              k: int = 3, # documents returned
-             per_corpus: int = 10, # balanced: candidates from each corpus before reranking
-             rerank_query: str | None = None, # balanced: text the reranker reads (None: `query`)
+             per_corpus: int = 10, # balanced: candidates from each corpus before reranking (pooled_rerank: times #corpora)
+             rerank_query: str | None = None, # balanced, pooled_rerank: text the reranker reads (None: `query`)
              rrf_depth: int = 100, # medrag: depth of each fused run
              first_stage: str = 'bm25', # balanced: per-corpus retriever, 'bm25' (own index per corpus) or 'dense'
             ) -> list[str]:
@@ -184,6 +188,11 @@ def retrieve(mc: MultiCorpus, query: str, # the retrieval query (question or rat
         dense_run = {'q': {ids[i]: float(sc[i]) for i in np.argsort(-sc, kind='stable')[:rrf_depth]}}
         bm25_run = mc.pooled_bm25.search({'q': query}, k=rrf_depth)
         return list(rrf([bm25_run, dense_run], top=k)['q'])
+    def reranked(cands: list[str]) -> list[str]:
+        if not cands: return []
+        return list(mc.reranker.rerank({'q': rerank_query or query}, {'q': {d: 0.0 for d in cands}}, top=len(cands))['q'])[:k]
+    if strategy == 'pooled_rerank':  # as many candidates as balanced retrieval, but from one pooled BM25 ranking
+        return reranked(list(mc.pooled_bm25.search({'q': query}, k=per_corpus * len(mc.sources))['q']))
     if strategy == 'balanced':
         if first_stage not in ('bm25', 'dense'): raise ValueError(f"first_stage must be 'bm25' or 'dense', not {first_stage!r}")
         cands = []
@@ -194,9 +203,7 @@ def retrieve(mc: MultiCorpus, query: str, # the retrieval query (question or rat
                 continue
             mask = np.array([mc.source_of[i] == s for i in ids])
             cands += _top_ids(np.where(mask, sc, -np.inf), ids, min(per_corpus, int(mask.sum())))
-        if not cands: return []
-        ranked = mc.reranker.rerank({'q': rerank_query or query}, {'q': {d: 0.0 for d in cands}}, top=len(cands))['q']
-        return list(ranked)[:k]
+        return reranked(cands)
     raise ValueError(f"unknown strategy {strategy!r}; choose from {STRATEGIES} or 'single:<source>'")
 
 def corpus_share(mc: MultiCorpus, doc_lists: Sequence[Sequence[str]], # documents put in each prompt
@@ -253,6 +260,14 @@ class MiniLMFilter:
         self.window, self.stride = window, stride
         self.clf = LogisticRegression(C=C, class_weight='balanced', max_iter=2000, random_state=seed)
         self.constant: int | None = None  # set when training labels have one class only
+        self.memo: dict[tuple[bool, str], np.ndarray] = {}  # (is_query, text) -> embedding, shared with clones
+
+    def clone(self) -> 'MiniLMFilter':
+        "An unfitted filter with the same settings, sharing the encoder and the embedding memo."
+        from sklearn.base import clone
+        c = copy.copy(self)
+        c.clf, c.constant = clone(self.clf), None
+        return c
 
     def windows(self, snippet: str) -> list[str]:
         "The snippet cut into windows of at most `window` word pieces (one window if it fits)."
@@ -260,9 +275,13 @@ class MiniLMFilter:
         if len(toks) <= self.window: return [snippet]
         return [self.tok.convert_tokens_to_string(w) for w in sliding_windows(toks, self.window, self.stride)]
 
+    def _embed(self, texts: Sequence[str], is_query: bool) -> np.ndarray:
+        new = [t for t in dict.fromkeys(texts) if (is_query, t) not in self.memo]
+        if new: self.memo.update({(is_query, t): e for t, e in zip(new, self.encoder.encode(new, is_query=is_query))})
+        return np.stack([self.memo[(is_query, t)] for t in texts])
+
     def _features(self, questions: Sequence[str], snippets: Sequence[str]) -> np.ndarray:
-        q = self.encoder.encode(list(questions), is_query=True)
-        d = self.encoder.encode(list(snippets), is_query=False)
+        q, d = self._embed(list(questions), True), self._embed(list(snippets), False)
         return np.hstack([q, d, q * d, np.abs(q - d), (q * d).sum(1, keepdims=True)])
 
     def _expand(self, questions, snippets):
@@ -295,6 +314,7 @@ class Seq2SeqFilter:
                  device: str | None = None, seed: int = 42):
         import torch
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+        self.settings = dict(max_length=max_length, stride=stride, lr=lr, epochs=epochs, batch_size=batch_size, device=device, seed=seed)
         self.name, self.max_length, self.stride = model, max_length, stride
         self.lr, self.epochs, self.batch_size, self.seed = lr, epochs, batch_size, seed
         self.device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
@@ -304,6 +324,10 @@ class Seq2SeqFilter:
         self.tok.add_tokens(['[HELPFUL]', '[NOT_HELPFUL]'])
         self.net.resize_token_embeddings(len(self.tok))
         self.label_ids = self.tok.convert_tokens_to_ids(['[NOT_HELPFUL]', '[HELPFUL]'])
+
+    def clone(self) -> 'Seq2SeqFilter':
+        "An unfitted filter: the pretrained checkpoint loaded afresh with the same settings."
+        return Seq2SeqFilter(self.name, **self.settings)
 
     def _encode(self, questions, snippets):
         texts = [FILTER_TEMPLATE.format(snippet=s, question=q) for q, s in zip(questions, snippets)]
@@ -347,12 +371,80 @@ def make_filter(name: str = 'minilm', # 'minilm' (embedded default) or a seq2seq
 
 def apply_filter(probs: Sequence[float], # P(HELPFUL) of the candidate snippets, best-ranked first
                  doc_ids: Sequence[str], # those snippets
-                 threshold: float = 0.5,
+                 threshold: float, # decision threshold on P(HELPFUL), from `calibrate_filter_threshold`
                 ) -> tuple[list[str], bool]: # kept ids (rank order) and whether the fallback (no documents) applies
     "Keep snippets with P(HELPFUL) ≥ `threshold`; when none survive, answer closed-book (the defined fallback)."
     if len(probs) != len(doc_ids): raise ValueError(f"{len(probs)} probabilities for {len(doc_ids)} snippets")
     kept = [d for p, d in zip(probs, doc_ids) if p >= threshold]
     return kept, not kept
+
+# %% ../nbs/09e_rag2.ipynb #b1e2c3d5
+def calibrate_filter_threshold(train_probs: Sequence[float], # P(HELPFUL) of the training pairs (out-of-fold)
+                               keep_share: float = 0.25, # share of training pairs to keep (the HELPFUL share)
+                               threshold: float | None = None, # a fixed threshold in (0, 1): returned unchanged
+                              ) -> float:
+    "Decision threshold on P(HELPFUL): `threshold` if given, else the value keeping `keep_share` of the training pairs."
+    if threshold is not None:
+        if not 0 < threshold < 1: raise ValueError(f"filter threshold must be in (0, 1), got {threshold}")
+        return float(threshold)
+    if not 0 < keep_share < 1: raise ValueError(f"keep_share must be in (0, 1), got {keep_share}")
+    p = np.asarray(train_probs, float)
+    if p.size == 0: raise ValueError("no training probabilities to calibrate the filter threshold on")
+    if np.isnan(p).any(): raise ValueError("training probabilities contain NaN")
+    if np.ptp(p) == 0: return 0.5  # a constant filter cannot rank; its constant decides (1 keeps all, 0 none)
+    n_keep = max(1, int(round(keep_share * p.size)))
+    return float(np.sort(p)[::-1][n_keep - 1])  # the n_keep-th highest: exactly n_keep kept unless ties
+
+def out_of_fold_proba(filt, # an unfitted filter with clone(), fit() and predict_proba()
+                      questions: Sequence[str], snippets: Sequence[str], labels: Sequence[int],
+                      groups: Sequence[str], # question id of each pair: a question's pairs share a fold
+                      n_folds: int = 4, seed: int = 42,
+                     ) -> np.ndarray:
+    "P(HELPFUL) of every pair from a clone of `filt` trained on the other folds (no question on both sides)."
+    if not (len(questions) == len(snippets) == len(labels) == len(groups)): raise ValueError("inputs differ in length")
+    g = np.asarray(groups)
+    uniq = np.random.default_rng(seed).permutation(np.unique(g))
+    if len(uniq) < 2: raise ValueError("out-of-fold probabilities need pairs from at least 2 questions")
+    out = np.full(len(g), np.nan)
+    for fold in np.array_split(uniq, min(n_folds, len(uniq))):
+        te = np.isin(g, fold)
+        tr_i, te_i = np.flatnonzero(~te), np.flatnonzero(te)
+        m = filt.clone().fit([questions[i] for i in tr_i], [snippets[i] for i in tr_i], [labels[i] for i in tr_i])
+        out[te_i] = m.predict_proba([questions[i] for i in te_i], [snippets[i] for i in te_i])
+    return out
+
+def filter_report(labels: Sequence[int], # true labels of held-out pairs (1 = HELPFUL)
+                  probs: Sequence[float], # the filter's P(HELPFUL) for them
+                  threshold: float, # the decision threshold used
+                  seed: int = 42,
+                 ) -> dict:
+    "Held-out accuracy (with bootstrap 95% CI), balanced accuracy, ROC AUC, predicted-HELPFUL count and base rate (in %)."
+    from sklearn.metrics import roc_auc_score
+    y, p = np.asarray(labels, int), np.asarray(probs, float)
+    if len(y) != len(p): raise ValueError(f"{len(p)} probabilities for {len(y)} labels")
+    if not len(y): raise ValueError("no held-out pairs to report on")
+    pred = (p >= threshold).astype(int)
+    correct = (pred == y).astype(float)
+    lo, hi = bootstrap_ci(correct, seed=seed)
+    both = 0 < y.sum() < len(y)
+    bal = 50 * (pred[y == 1].mean() + (1 - pred[y == 0]).mean()) if both else np.nan
+    return dict(threshold=float(threshold), n_pairs=len(y), accuracy=100 * correct.mean(), accuracy_lo=100 * lo,
+                accuracy_hi=100 * hi, balanced_accuracy=bal, roc_auc=100 * roc_auc_score(y, p) if both else np.nan,
+                predicted_helpful=int(pred.sum()), helpful_base_rate=100 * y.mean(),
+                majority_baseline=100 * max(y.mean(), 1 - y.mean()))
+
+def rag2_prompt(filt, # a fitted filter
+                question: str, options: Mapping[str, str],
+                doc_ids: Sequence[str], # retrieved candidates, best first
+                snippets: Sequence[str], # their text as shown to the LLM (and to the filter)
+                threshold: float, # decision threshold on P(HELPFUL)
+               ) -> tuple[list[dict], list[str], bool]: # answer messages, kept ids, whether the fallback applied
+    "Filter the candidates and build the answer prompt; if every snippet is filtered out, the closed-book prompt."
+    if len(doc_ids) != len(snippets): raise ValueError(f"{len(snippets)} snippet texts for {len(doc_ids)} documents")
+    probs = filt.predict_proba([format_mcq(question, options)] * len(doc_ids), list(snippets)) if len(doc_ids) else np.zeros(0)
+    kept, fallback = apply_filter(probs, doc_ids, threshold)
+    text_of = dict(zip(doc_ids, snippets))
+    return answer_messages(question, options, [text_of[d] for d in kept]), kept, fallback
 
 # %% ../nbs/09e_rag2.ipynb #7d39aa4b
 def split_items(df: pd.DataFrame, # a dataset, one row per question

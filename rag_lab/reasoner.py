@@ -11,18 +11,20 @@ import pandas as pd
 from sklearn.metrics import cohen_kappa_score
 from pydantic import BaseModel, Field, StringConstraints, create_model
 from .llm import LLM, LEDGER, Ledger, chat_structured
+from .biocorpus import mesh_vocabulary
 from .pubmed import (Article, PubMedClient, QuerySyntaxError, compose_query, mesh_terms, normalize_query,
                             parse_query, query_terms, render_query, scope_query)
 
 # %% auto #0
-__all__ = ['Verdict', 'Short', 'TermText', 'Concepts', 'SYSTEM', 'AXES', 'Question', 'cited_pmids', 'audit_citations',
-           'relax_query', 'PubMedSession', 'article_text', 'fit_articles', 'MeshCandidate', 'MeshCandidates',
-           'QueryPlan', 'TermCritique', 'Critique', 'Keep', 'EvidenceItem', 'Extraction', 'Sufficiency', 'Summary',
-           'Reflection', 'answer_schema', 'Calls', 'p_mesh_candidates', 'p_query_plan', 'p_critique', 'p_refine',
-           'p_filter', 'p_extract', 'p_sufficiency', 'p_summary', 'p_answer', 'p_reflection', 'p_paper_summary',
-           'AgentConfig', 'RunResult', 'llm_only', 'critique_tokens', 'self_critic_search', 'reflective_retrieval',
-           'summarize', 'pubmed_reasoner', 'rag', 'self_reflection', 'context_variant', 'ScriptedLLM', 'AxisScores',
-           'PairJudgement', 'p_judge', 'judge_pair', 'win_tie_loss', 'cohen_kappa']
+__all__ = ['Verdict', 'Short', 'TermText', 'Concepts', 'SYSTEM', 'NOT_JUDGED', 'AXES', 'Question', 'cited_pmids', 'statements',
+           'audit_citations', 'relax_query', 'PubMedSession', 'article_text', 'fit_articles', 'MeshCandidate',
+           'MeshCandidates', 'QueryPlan', 'TermCritique', 'Critique', 'Keep', 'EvidenceItem', 'Extraction',
+           'Sufficiency', 'Summary', 'Reflection', 'answer_schema', 'Calls', 'p_mesh_candidates', 'p_query_plan',
+           'p_critique', 'p_refine', 'p_filter', 'p_extract', 'p_sufficiency', 'p_summary', 'p_answer', 'p_reflection',
+           'p_paper_summary', 'AgentConfig', 'RunResult', 'llm_only', 'critique_tokens', 'align_critique',
+           'self_critic_search', 'reflective_retrieval', 'summarize', 'pubmed_reasoner', 'rag', 'self_reflection',
+           'context_variant', 'ScriptedLLM', 'AxisScores', 'PairJudgement', 'p_judge', 'judge_pair', 'win_tie_loss',
+           'cohen_kappa']
 
 # %% ../nbs/09g_reasoner.ipynb #8fc2906f
 @dataclass
@@ -52,17 +54,31 @@ def cited_pmids(text: str, # a response with [PMID: x] citations
     for block in _CITE_BLOCK.findall(text or ''): out += _CITE_ID.findall(block)
     return list(dict.fromkeys(out))
 
+_LEADING_CITES = re.compile(r'(?:\s*' + _CITE_BLOCK.pattern + r')+', re.I)
+
+def statements(text: str, # a response
+              ) -> list[str]: # its sentences that say something (not bare citations)
+    "The statements of a response, one per sentence; citations right after a full stop join the sentence before."
+    out: list[str] = []
+    for s in re.split(r'(?<=[.!?])\s+', text or ''):
+        if out and (lead := _LEADING_CITES.match(s)): out[-1] += ' ' + lead.group(0).strip(); s = s[lead.end():]
+        if s.strip(): out.append(s.strip())
+    return [s for s in out if re.search(r'[A-Za-z]{2}', _CITE_BLOCK.sub('', s))]
+
 def audit_citations(response: str, # final response
                     retrieved: Sequence[str], # every PMID the agent retrieved
                     evidence: Sequence[str], # PMIDs whose extracted evidence passed the alignment check
                    ) -> dict:
-    "Cited PMIDs, those never retrieved (flagged), those outside the evidence pool, and whether the answer is grounded."
-    cited = cited_pmids(response)
-    never = [p for p in cited if p not in set(retrieved)]
-    outside = [p for p in cited if p in set(retrieved) and p not in set(evidence)]
+    "Cited PMIDs, those never retrieved (flagged), those outside the evidence pool, grounding and statement coverage."
+    cited, seen = cited_pmids(response), set(retrieved)
+    never = [p for p in cited if p not in seen]
+    outside = [p for p in cited if p in seen and p not in set(evidence)]
     flags = [f"cites PMID {p}, which was never retrieved" for p in never]
+    sents = statements(response)
+    backed = sum(any(p in seen for p in cited_pmids(s)) for s in sents)
     return dict(cited=cited, never_retrieved=never, outside_evidence=outside, flags=flags,
-                grounded=any(p in set(evidence) for p in cited))
+                grounded=any(p in set(evidence) for p in cited), statements=len(sents), statements_cited=backed,
+                statement_coverage=backed / len(sents) if sents else float('nan'))
 
 # %% ../nbs/09g_reasoner.ipynb #edc22dc3
 def relax_query(query: str) -> str | None:
@@ -318,13 +334,36 @@ def critique_tokens(n_terms: int, # terms to judge
     "Room for one critique per term (about 70 tokens each): a truncated critique is unparseable and ends the search."
     return max(floor, 40 + 70 * n_terms)
 
+NOT_JUDGED = 'not judged by the critic'
+
+def _term_key(text: str) -> str:
+    "A term as a critic may echo it: case, quotes, field tags and spacing ignored."
+    return ' '.join(re.sub(r'\[[^\]]*\]', ' ', text).replace('"', ' ').lower().split())
+
+def align_critique(terms: Sequence[str], # the query's terms, as shown to the critic
+                   crit: Critique, # the critic's verdicts (any terms, any order)
+                   no_hits: bool = False, # the query found nothing: no term is covered, whatever the critic says
+                  ) -> list[TermCritique]: # one verdict per query term, in query order
+    "The critique matched to the query's terms; a term the critique omits is judged No / No (rationale `NOT_JUDGED`)."
+    vocab, by_key = mesh_vocabulary(), {}
+    for c in crit.terms:  # the first entry naming a term wins
+        for k in (_term_key(c.term), _term_key(vocab.descriptor(c.term) or '')):
+            if k: by_key.setdefault(k, c)
+    out = []
+    for t in terms:
+        c = by_key.get(_term_key(t)) or by_key.get(_term_key(vocab.descriptor(t) or ''))
+        c = c.model_copy(update=dict(term=t)) if c is not None else \
+            TermCritique.model_construct(term=t, coverage='No', alignment='No', redundant='No', rationale=NOT_JUDGED)
+        out.append(c.model_copy(update=dict(coverage='No')) if no_hits else c)
+    return out
+
 def self_critic_search(llm: LLM, q: Question, session: PubMedSession, res: RunResult, cfg: AgentConfig) -> str | None:
-    "Eq. 1-11: candidate MeSH, selection and composition, then critic rounds until the stop rule; returns q*."
+    "Eq. 1-11: candidate MeSH, selection and composition, then critic rounds until the stop rule; returns q* (the best-scoring query)."
     cands = _ask(llm, res.calls, 'mesh_candidates', p_mesh_candidates(q), MeshCandidates, cfg.max_tokens)
     plan = _ask(llm, res.calls, 'query_plan', p_query_plan(q, cands.candidates if cands else ()), QueryPlan, cfg.max_tokens)
     query = _plan_query(plan.concepts if plan else None)
     if query is None: res.stop_reason = 'no usable initial query'; return None
-    res.queries.append(query); best = -1.0
+    res.queries.append(query); best, best_query = -1.0, query  # a query whose critique is unreadable is never 'best'
     for t in range(1, cfg.critic_iters + 1):
         count, arts = session.search(query, cfg.critic_retmax)
         terms = list(dict.fromkeys(tt.text for tt in _terms(query)))[:8]  # the Critique schema's limit
@@ -333,13 +372,14 @@ def self_critic_search(llm: LLM, q: Question, session: PubMedSession, res: RunRe
         if crit is None or not crit.terms: res.stop_reason = 'critique unparseable'; break
         if count == 0:  # no hits cover nothing, whatever the model says (a small model answers Yes regardless)
             crit = Critique(terms=[c.model_copy(update=dict(coverage='No')) for c in crit.terms])
-        good = [c.coverage == 'Yes' and c.alignment == 'Yes' for c in crit.terms]
-        score = sum(good) / len(good)
-        res.trace.append(dict(round=t, query=query, hits=count, covered_aligned=score,
-                              redundant=sum(c.redundant == 'Yes' for c in crit.terms)))
-        if all(good) and not any(c.redundant == 'Yes' for c in crit.terms): res.stop_reason = 'all signals positive'; break
+        verdicts = align_critique(terms, crit, no_hits=count == 0)
+        good = [c.coverage == 'Yes' and c.alignment == 'Yes' for c in verdicts]
+        score, redundant = sum(good) / len(good), sum(c.redundant == 'Yes' for c in verdicts)
+        res.trace.append(dict(round=t, query=query, hits=count, covered_aligned=score, redundant=redundant,
+                              unjudged=sum(c.rationale == NOT_JUDGED for c in verdicts)))
+        if all(good) and not redundant: res.stop_reason = 'all signals positive'; best_query = query; break
         if score <= best: res.stop_reason = 'no gain in coverage/alignment'; break
-        best = score
+        best, best_query = score, query
         if t == cfg.critic_iters: res.stop_reason = 'budget'; break
         ref = _ask(llm, res.calls, 'refine', p_refine(q, query, crit, res.queries, arts[:cfg.critic_show], cfg.critic_chars),
                    QueryPlan, cfg.max_tokens)
@@ -349,7 +389,9 @@ def self_critic_search(llm: LLM, q: Question, session: PubMedSession, res: RunRe
         if new in res.queries: res.stop_reason = 'repeated query'; break
         res.queries.append(new); query = new
     else: res.stop_reason = res.stop_reason or 'no self-critic'
-    return query
+    if best_query != res.queries[-1]:  # a later query scored worse (or went unscored): Stage 2 re-issues the best
+        res.queries.append(best_query); res.trace.append(dict(returned_to=best_query, covered_aligned=best))
+    return best_query
 
 def _terms(query: str):
     from rag_lab.pubmed import parse_query, query_terms

@@ -16,14 +16,14 @@ from .llm import LLM, ParsedAnswer, extract_json, parse_final_answer
 
 # %% auto #0
 __all__ = ['CATEGORIES', 'SUPPORTED', 'CLAUSE_MARKERS', 'STOPWORDS', 'ANSWER_OPTIONS', 'SUPPORT_LEVELS', 'VERIFIER_STYLES',
-           'LANDIS_KOCH', 'normalize_label', 'faithfulness', 'rationale_verdict', 'strip_answer_lines',
+           'LANDIS_KOCH', 'CALL_IDENTITY', 'normalize_label', 'faithfulness', 'rationale_verdict', 'strip_answer_lines',
            'split_sentences_rv', 'content_words', 'segment_rationale', 'query_overlap', 'evidence_score',
            'rewrite_needed', 'EmbeddingReranker', 'SigmoidReranker', 'make_reranker', 'Evidence', 'retrieve_evidence',
            'passage_text', 'render_evidence', 'answer_lines', 'Demo', 'render_demo', 'rationale_messages',
            'vanilla_messages', 'parse_answer', 'followup_messages', 'rewrite_messages', 'parse_rewrite', 'llm_rewriter',
            'decision_label', 'direct_schema', 'decomposed_schema', 'direct_messages', 'decomposed_messages',
            'parse_direct', 'parse_decomposed', 'VerifyTask', 'Verifier', 'landis_koch', 'agreement', 'decontaminate',
-           'shares_pmid', 'select_demos', 'static_order', 'risk_coverage']
+           'shares_pmid', 'select_demos', 'static_order', 'risk_coverage', 'unique_calls', 'call_accounting']
 
 # %% ../nbs/09d_reason_verify.ipynb #19c02545
 CATEGORIES: dict[str, str] = {
@@ -136,10 +136,12 @@ def evidence_score(scores: Sequence[float], # reranker scores of the kept passag
     "EvidenceScore(q, E): the mean reranker score (0 for an empty evidence set)."
     return float(np.mean(scores)) if len(scores) else 0.0
 
-def rewrite_needed(overlap: float, evidence: float | None, # evidence None: no reranker, no evidence score
+def rewrite_needed(overlap: float, # Overlap(q, E)
+                   evidence: float, # EvidenceScore(q, E): mean reranker score of the kept passages
                    tau_ovlp: float = 0.3, tau_evid: float = 0.5) -> bool:
     "Algorithm 1, line 7: s < τ_ovlp or e < τ_evid."
-    return overlap < tau_ovlp or (evidence is not None and evidence < tau_evid)
+    if evidence is None: raise ValueError("no evidence score: Algorithm 1's rewrite trigger follows reranking (lines 4-7)")
+    return overlap < tau_ovlp or evidence < tau_evid
 
 # %% ../nbs/09d_reason_verify.ipynb #7b68f85e
 class EmbeddingReranker(Reranker):
@@ -216,14 +218,14 @@ def _first_stage(q: str, bm25: BM25Index, reranker: Reranker | None, k: int, m: 
     return [ids[i] for i in order], [float(s[i]) for i in order]
 
 def retrieve_evidence(question: str, bm25: BM25Index, # the question and the BM25 index over the corpus
-                      reranker: Reranker | None = None, # None: BM25 top-m only (no trigger)
+                      reranker: Reranker | None = None, # None: BM25 top-m only (Algorithm 1's trigger follows reranking)
                       k: int = 20, m: int = 5, # BM25 candidates and passages kept (paper: 20, 5)
                       rewriter: Callable[[str], str | None] | None = None, # q -> q' (None if unusable)
                       tau_ovlp: float = 0.3, tau_evid: float = 0.5,
                      ) -> Evidence:
     "Algorithm 1, lines 3-11."
     ids, scores = _first_stage(question, bm25, reranker, k, m)
-    if reranker is None: return Evidence(question, ids, None)
+    if reranker is None: return Evidence(question, ids, None)   # the paper's no-rerank baselines never rewrite
     texts = [bm25.corpus[i].full_text for i in ids]
     ev = Evidence(question, ids, scores, query_overlap(question, texts), evidence_score(scores))
     ev.triggered = rewrite_needed(ev.overlap, ev.evidence, tau_ovlp, tau_evid)
@@ -536,3 +538,29 @@ def risk_coverage(faith: Sequence[float], correct: Sequence[bool]) -> pd.DataFra
     answered = np.rint(rc.coverage * ok.sum()).astype(int)
     n_correct = answered - np.rint(rc.risk * answered).astype(int)   # back to counts, so accuracy is an exact ratio
     return pd.DataFrame(dict(threshold=rc.threshold, coverage=rc.coverage, accuracy=n_correct / answered, answered=answered))
+
+# %% ../nbs/09d_reason_verify.ipynb #d5b2f8e3
+CALL_IDENTITY = ('kind', 'backend', 'model', 'prompt_tokens', 'completion_tokens', 'seconds')
+
+def unique_calls(records: pd.DataFrame, # `LEDGER.frame()`: one row per call, with `cached`
+                ) -> pd.DataFrame: # one row per distinct call (its first record), plus `repeats` and `computed`
+    "Collapse repeats of one call (same cache entry) to one row: `computed` if the model ran for it in this run."
+    missing = {'cached', *CALL_IDENTITY} - set(records.columns)
+    if missing: raise ValueError(f"not a ledger frame: missing column(s) {sorted(missing)}")
+    df = records.reset_index(drop=True)
+    ident = ['key'] if 'key' in df else list(CALL_IDENTITY)
+    gid = df.groupby(ident, sort=False, dropna=False).ngroup()
+    first = ~gid.duplicated()
+    out = df[first].copy()
+    out['repeats'] = gid.map(gid.value_counts())[first].to_numpy()
+    out['computed'] = (~df.cached.astype(bool)).groupby(gid).any().reindex(gid[first]).to_numpy()
+    return out.reset_index(drop=True)
+
+def call_accounting(records: pd.DataFrame, # `LEDGER.frame()`
+                   ) -> dict: # counts of calls and totals over distinct calls
+    "Calls made, distinct calls, how they were served, and tokens / compute seconds counted once per distinct call."
+    u = unique_calls(records)
+    return dict(calls_made=len(records), distinct_calls=len(u), computed=int(u.computed.sum()),
+                from_earlier_run=int((~u.computed).sum()), served_from_cache=int(records.cached.astype(bool).sum()),
+                prompt_tokens=int(u.prompt_tokens.sum()), completion_tokens=int(u.completion_tokens.sum()),
+                seconds=round(float(u.seconds.sum()), 2))

@@ -12,8 +12,8 @@ import pandas as pd
 from .config import NotebookParams, RunInfo, out_root, run_params
 
 # %% auto #0
-__all__ = ['PAPER_SLUGS', 'RESULT_COLUMNS', 'parse_reported', 'paper_table', 'atomic_write_text', 'markdown_table', 'with_delta',
-           'Results', 'start_run', 'set_style', 'write_index']
+__all__ = ['PAPER_SLUGS', 'RESULT_COLUMNS', 'INDEX_MAX_ROWS', 'parse_reported', 'paper_table', 'atomic_write_text',
+           'markdown_table', 'with_delta', 'Results', 'start_run', 'set_style', 'write_index']
 
 # %% ../nbs/03_report.ipynb #ca90c1a0
 PAPER_SLUGS = ('reason_verify', 'claim_aware', 'rag2', 'verirag', 'pubmed_reasoner')
@@ -96,6 +96,7 @@ class Results:
               paper_rows: str = 'all', # 'all': keep paper cells we did not compute (ours empty); 'matched': drop them
               title: str = '', # one line shown above the markdown table
               paper_from: str | None = None, # take paper values from this table's CSV instead of `name`'s
+              paper_values: dict | None = None, # (row, metric) -> (value, where the paper states it), for values outside its tables
              ) -> pd.DataFrame:
         "Join the paper's values to `ours`, write `<name>.csv` and `<name>.md`; return the joined table."
         missing = {'row', 'metric', 'ours'} - set(ours.columns)
@@ -105,20 +106,28 @@ class Results:
         dup = o.duplicated(['row', 'metric'])
         if dup.any(): raise ValueError(f"table {name!r}: duplicate (row, metric) {o.loc[dup, ['row', 'metric']].values.tolist()[:3]}")
         o['ours'] = pd.to_numeric(o['ours'], errors='raise')
+        o['_i'] = range(len(o))  # rows the paper lacks keep our order (an outer merge sorts its keys)
         paper = paper_table(self.slug, paper_from or name)
+        order = {k: i for i, k in enumerate(zip(paper.row, paper.metric))}
+        if paper_values:  # e.g. numbers the paper gives only in its prose
+            clash, unknown = set(paper_values) & set(order), set(paper_values) - set(zip(o.row, o.metric))
+            if clash: raise ValueError(f"table {name!r}: {sorted(clash)[:3]} already have a value in the paper's CSV")
+            if unknown: raise ValueError(f"table {name!r} has no row(s) {sorted(unknown)[:3]} for the given paper values")
+            paper = pd.concat([paper, pd.DataFrame([dict(row=r, metric=m, paper=float(v), note=src)
+                                                    for (r, m), (v, src) in paper_values.items()])], ignore_index=True)
         how = {'all': 'outer', 'matched': 'left'}[paper_rows]
         df = o.merge(paper[['row', 'metric', 'paper', 'note']].rename(columns={'note': 'paper_note'}),
-                     on=['row', 'metric'], how=how)
-        order = {k: i for i, k in enumerate(zip(paper.row, paper.metric))}
-        df['_k'] = [order.get(k, len(order) + i) for i, k in enumerate(zip(df.row, df.metric))]
-        df = df.sort_values('_k', kind='stable').drop(columns='_k').reset_index(drop=True)
+                     on=['row', 'metric'], how=how, indicator='_src')
+        df['_k'] = [order.get(k, len(order) + i) for k, i in zip(zip(df.row, df.metric), df['_i'].fillna(0))]
+        df = df.sort_values('_k', kind='stable').drop(columns=['_k', '_i']).reset_index(drop=True)
+        paper_only = (df.pop('_src') == 'right_only').to_numpy()  # our rows keep their config even when undefined (NaN)
         if 'n' not in df: df['n'] = n
         else: df['n'] = df['n'].fillna(n) if n is not None else df['n']
         if 'model' not in df: df['model'] = model
         else: df['model'] = df['model'].fillna(model) if model is not None else df['model']
-        df.loc[df['ours'].isna(), ['n', 'model']] = None
+        df.loc[paper_only, ['n', 'model']] = None
         df['profile'], df['seed'] = self.run.profile, self.run.params.get('seed')
-        df.loc[df['ours'].isna(), ['profile', 'seed']] = None
+        df.loc[paper_only, ['profile', 'seed']] = None
         note = df['note'].fillna('') if 'note' in df else pd.Series('', index=df.index)
         df['note'] = [('; '.join(x for x in (a, b and f'paper: {b}') if x)) for a, b in zip(note, df['paper_note'].fillna(''))]
         df = df[RESULT_COLUMNS].astype({'n': 'Int64', 'seed': 'Int64'})  # counts stay integers beside empty cells
@@ -167,6 +176,8 @@ def set_style() -> None:
                          'axes.titleweight': 'bold', 'axes.spines.top': False, 'axes.spines.right': False})
 
 # %% ../nbs/03_report.ipynb #7c9e7494
+INDEX_MAX_ROWS = 60  # tables longer than this are linked from the index, not inlined
+
 def write_index(root: Path | str | None = None, # output root holding reports/ and figures/
                 status: dict[str, str] | None = None, # slug -> 'ok' / error text, from the runner
                ) -> Path:
@@ -189,6 +200,8 @@ def write_index(root: Path | str | None = None, # output root holding reports/ a
             parts.append('_No outputs yet._\n'); continue
         for csv in sorted(rdir.glob('*.csv')):
             df = pd.read_csv(csv)
+            if len(df) > INDEX_MAX_ROWS:  # long per-item tables: a link keeps the index readable
+                parts.append(f'\n### {csv.stem}\n\n{len(df)} rows: [{csv.stem}.md]({slug}/{csv.stem}.md)\n'); continue
             parts.append(f'\n### {csv.stem}\n\n' + markdown_table(with_delta(df)[['row', 'metric', 'paper', 'ours', 'delta', 'n', 'model', 'note']]))
         fdir = root / 'figures' / slug
         for png in sorted(fdir.glob('*.png')) if fdir.exists() else []:

@@ -4,7 +4,7 @@
 
 # %% ../nbs/09a_verirag.ipynb #d6139e21
 from __future__ import annotations
-import math
+import itertools, math
 from dataclasses import dataclass
 from typing import Literal, Mapping, Sequence
 import numpy as np
@@ -14,6 +14,7 @@ from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import Ridge
 from sklearn.metrics import cohen_kappa_score, f1_score, matthews_corrcoef
 from sklearn.metrics.pairwise import cosine_similarity
+from .eval import bootstrap_ci
 
 # %% auto #0
 __all__ = ['StudyDesign', 'STUDY_DESIGNS', 'EMPIRICAL', 'CHECKS', 'CHECK_IDS', 'K', 'VERDICT_SCORE', 'STANCE_SIGN',
@@ -21,7 +22,8 @@ __all__ = ['StudyDesign', 'STUDY_DESIGNS', 'EMPIRICAL', 'CHECKS', 'CHECK_IDS', '
            'PaperExtraction', 'applicable_checks', 'audit_vectors', 'paper_quality', 'chunk_redundancy',
            'paper_redundancy', 'effective_contribution', 'tallies', 'log_odds', 'sigmoid', 'hv_score', 'claim_features',
            'BoldnessModel', 'tau_base', 'tau_auto', 'accept', 'PaperAudit', 'HVParams', 'score_claim', 'binary_metrics',
-           'calibrate', 'metrics_from_confusion', 'confusion_table', 'mcc_ranges', 'judge_agreement']
+           'calibrate', 'macro_f1_from_counts', 'macro_f1_ci', 'prediction_summary', 'metrics_from_confusion',
+           'confusion_table', 'mcc_ranges', 'kappa', 'judge_agreement']
 
 # %% ../nbs/09a_verirag.ipynb #ea978d34
 StudyDesign = Literal['randomized_trial', 'observational', 'meta_analysis', 'laboratory_experiment',
@@ -236,9 +238,14 @@ def tau_auto(base: float, # τ_base
     if n_ev < 0 or c < 0: raise ValueError(f"N_ev and C must be >= 0, got {n_ev}, {c}")
     return float(np.clip(base + c * max(0.0, n_ev / n_base - 1), *TAU_CLAMP))
 
-def accept(hv: float, tau: float) -> bool:
-    "The verdict rule the paper implies: Valid iff HV ≥ τ (ties accept)."
-    return hv >= tau
+def accept(hv: float, # the claim's HV score
+           tau: float, # its acceptance threshold (τ_auto, or the fixed 0.5 of the ablation), >= 0.5
+           h_s: float, # H_S, the supporting tally
+           h_r: float, # H_R, the refuting tally
+          ) -> bool:
+    "Valid iff some evidence is decisive (H_S + H_R > 0) and HV strictly clears the bar: HV > τ."
+    if not TAU_CLAMP[0] <= tau <= 1: raise ValueError(f"the threshold must lie in [{TAU_CLAMP[0]}, 1], got {tau}")
+    return h_s + h_r > 0 and hv > tau
 
 # %% ../nbs/09a_verirag.ipynb #d6561bed
 @dataclass
@@ -262,16 +269,19 @@ def score_claim(audits: Sequence[PaperAudit], # the claim's papers in this scena
                 base: float, # the claim's τ_base
                 n_base: int, # papers in the claim's first scenario (TY0)
                 params: HVParams, # α, λ, C
+                n_ev: int | None = None, # papers in this scenario (default len(audits)); papers whose audit failed count
                 redundancy: bool = True, # False: the "w/o redundancy penalty" ablation (w_i = 1)
                 dynamic_threshold: bool = True, # False: the "w/o τ_auto" ablation (fixed threshold 0.5)
-               ) -> dict: # H_S, H_R, H_N, HV, tau, valid
+               ) -> dict: # H_S, H_R, H_N, HV, tau, n_ev, valid
     "HV, τ_auto and the verdict for one claim in one evidence scenario."
+    n_ev = len(audits) if n_ev is None else n_ev
+    if n_ev < len(audits): raise ValueError(f"the scenario has {n_ev} papers but {len(audits)} audits were given")
     rho = paper_redundancy([c for a in audits for c in a.chunks], [a.paper_id for a in audits for _ in a.chunks]) if redundancy else {}
     etas = [effective_contribution(a.quality, 1.0 - rho.get(a.paper_id, 0.0)) for a in audits]
     h_s, h_r, h_n = tallies([a.stance for a in audits], etas)
     hv = hv_score(h_s, h_r, h_n, params.alpha, params.lam)
-    tau = tau_auto(base, len(audits), n_base, params.c) if dynamic_threshold else 0.5
-    return dict(h_s=h_s, h_r=h_r, h_n=h_n, hv=hv, tau=tau, valid=accept(hv, tau))
+    tau = tau_auto(base, n_ev, n_base, params.c) if dynamic_threshold else 0.5
+    return dict(h_s=h_s, h_r=h_r, h_n=h_n, hv=hv, tau=tau, n_ev=n_ev, valid=accept(hv, tau, h_s, h_r))
 
 # %% ../nbs/09a_verirag.ipynb #fd0f1975
 ALPHA_GRID = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0)
@@ -290,20 +300,58 @@ def binary_metrics(y_true: Sequence[bool], # ground truth: True = Valid
                 mcc=float(matthews_corrcoef(yt, yp)) if len(set(yt) | set(yp)) > 1 else 0.0,
                 accuracy=float((yt == yp).mean()), tp=tp, fp=fp, fn=fn, tn=tn, n=int(yt.size))
 
-def calibrate(score_fn, # (HVParams) -> list of predicted Valid flags for the training items
-              y_true: Sequence[bool], # their ground truth
+def calibrate(score_fn, # (HVParams) -> DataFrame: `valid` (predicted Valid flags), optional `margin` (HV − τ)
+              y_true: Sequence[bool], # the training items' ground truth
               alphas=ALPHA_GRID, lams=LAMBDA_GRID, cs=C_GRID,
-             ) -> tuple[HVParams, pd.DataFrame]: # the best parameters and the whole grid with its macro-F1
-    "Brute-force grid search of (α, λ, C) for the best training macro-F1."
+             ) -> tuple[HVParams, pd.DataFrame]: # the chosen parameters and the whole grid (+ tied, chosen)
+    "Brute-force grid search of (α, λ, C) for the best training macro-F1, with the documented tie-break."
+    yt = np.asarray(y_true, bool)
     rows = []
-    for a in alphas:
-        for l in lams:
-            for c in cs:
-                p = HVParams(a, l, c)
-                rows.append(dict(alpha=a, lam=l, c=c, **binary_metrics(y_true, score_fn(p))))
+    for a, l, c in itertools.product(alphas, lams, cs):
+        out = score_fn(HVParams(a, l, c))
+        margin = np.asarray(out['margin'], float) if 'margin' in out else np.full(len(yt), np.nan)
+        if len(margin) != len(yt): raise ValueError(f"score_fn gave {len(margin)} margins for {len(yt)} items")
+        signed = np.where(yt, margin, -margin)
+        rows.append(dict(alpha=a, lam=l, c=c, **binary_metrics(yt, out['valid']),
+                         margin=float(np.nanmean(signed)) if np.isfinite(signed).any() else float('nan')))
     grid = pd.DataFrame(rows)
-    best = grid.loc[grid.macro_f1.idxmax()]
-    return HVParams(float(best.alpha), float(best.lam), float(best.c)), grid
+    grid['tied'] = np.isclose(grid.macro_f1, grid.macro_f1.max(), rtol=0, atol=1e-12)
+    cand = grid[grid.tied]
+    if (cand.alpha > 0).any(): cand = cand[cand.alpha > 0]          # α = 0 only when strictly best
+    best = cand.margin.fillna(-np.inf).idxmax()                      # idxmax: the first of equal margins
+    grid['chosen'] = grid.index == best
+    r = grid.loc[best]
+    return HVParams(float(r.alpha), float(r.lam), float(r.c)), grid
+
+# %% ../nbs/09a_verirag.ipynb #b8d2f3e1
+def macro_f1_from_counts(tp: int, fp: int, fn: int, tn: int) -> float:
+    "Macro-F1 over the two classes from a confusion matrix (a class with no true or predicted items has F1 0)."
+    f_valid = 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0
+    f_invalid = 2 * tn / (2 * tn + fn + fp) if tn + fn + fp else 0.0
+    return (f_valid + f_invalid) / 2
+
+def macro_f1_ci(y_true: Sequence[bool], y_pred: Sequence[bool], # ground truth and predictions (True = Valid)
+                n_boot: int = 2000, alpha: float = 0.05, seed: int = 42,
+               ) -> tuple[float, float]: # percentile interval
+    "Bootstrap interval of macro-F1, resampling items (each keeps its truth and prediction)."
+    yt, yp = np.asarray(y_true, bool), np.asarray(y_pred, bool)
+    if yt.shape != yp.shape: raise ValueError(f"{yt.size} labels but {yp.size} predictions")
+    codes = 2 * yt.astype(int) + yp.astype(int)       # 0 TN, 1 FP, 2 FN, 3 TP
+    def stat(c):
+        tn, fp, fn, tp = np.bincount(c.astype(int), minlength=4)
+        return macro_f1_from_counts(tp, fp, fn, tn)
+    return bootstrap_ci(codes, stat=stat, n_boot=n_boot, alpha=alpha, seed=seed)
+
+def prediction_summary(y_true: Sequence[bool], y_pred: Sequence[bool], # ground truth and predictions (True = Valid)
+                       seed: int = 42, n_boot: int = 2000,
+                      ) -> dict: # binary_metrics + predicted_valid_rate, one_class, all_invalid_f1, f1_minus_all_invalid, f1_lo, f1_hi
+    "Macro-F1 and MCC with the reference points that make them readable (see above)."
+    m = binary_metrics(y_true, y_pred)
+    n_valid, n_pred_valid = m['tp'] + m['fn'], m['tp'] + m['fp']
+    trivial = macro_f1_from_counts(0, 0, n_valid, m['n'] - n_valid)
+    lo, hi = macro_f1_ci(y_true, y_pred, n_boot=n_boot, seed=seed)
+    return m | dict(predicted_valid_rate=n_pred_valid / m['n'], one_class=n_pred_valid in (0, m['n']),
+                    all_invalid_f1=trivial, f1_minus_all_invalid=m['macro_f1'] - trivial, f1_lo=lo, f1_hi=hi)
 
 # %% ../nbs/09a_verirag.ipynb #6251ea01
 def metrics_from_confusion(tp: int, fp: int, fn: int, tn: int) -> dict:
@@ -325,14 +373,22 @@ def mcc_ranges(df: pd.DataFrame, # columns system, mcc (one row per scenario)
     return df.groupby(by, sort=False).mcc.agg(['min', 'max']).reset_index()
 
 # %% ../nbs/09a_verirag.ipynb #9d2be042
+def kappa(x: Sequence[str], y: Sequence[str]) -> float:
+    "Cohen's κ of two verdict lists; NaN when undefined (both judges give one and the same verdict throughout)."
+    labels = sorted(set(x) | set(y))
+    return float(cohen_kappa_score(list(x), list(y), labels=labels)) if len(labels) > 1 else float('nan')
+
 def judge_agreement(a: pd.DataFrame, b: pd.DataFrame, # columns paper_id, check, verdict (one judge each)
-                   ) -> tuple[pd.DataFrame, float]: # per check (agreement %, n), pooled Cohen's kappa
-    "Per-check percent agreement and pooled Cohen's κ of two judges' verdicts on the same papers."
+                   ) -> tuple[pd.DataFrame, float]: # per check: agreement %, n, kappa, verdict shares, constant; pooled κ
+    "Per-check percent agreement, Cohen's κ and verdict distributions of two judges, and the pooled κ."
     j = a.merge(b, on=['paper_id', 'check'], suffixes=('_a', '_b'))
     if j.empty: raise ValueError("the two judges share no (paper, check) verdicts")
-    per = j.assign(same=j.verdict_a == j.verdict_b).groupby('check', sort=False).agg(agreement=('same', 'mean'), n=('same', 'size'))
-    per['agreement'] *= 100
-    per = per.reindex([c for c in CHECK_IDS if c in per.index]).reset_index()
-    labels = sorted(set(j.verdict_a) | set(j.verdict_b))
-    kappa = float(cohen_kappa_score(j.verdict_a, j.verdict_b, labels=labels)) if len(labels) > 1 else float('nan')
-    return per, kappa
+    rows = []
+    for cid in [c for c in CHECK_IDS if c in set(j.check)]:
+        g = j[j.check == cid]
+        shares = {f'{who} {v} %': 100 * float((g[f'verdict_{s}'] == v).mean())
+                  for who, s in (('A', 'a'), ('B', 'b')) for v in VERDICT_SCORE}
+        rows.append(dict(check=cid, agreement=100 * float((g.verdict_a == g.verdict_b).mean()), n=len(g),
+                         kappa=kappa(g.verdict_a, g.verdict_b), **shares,
+                         constant=g.verdict_a.nunique() == 1 or g.verdict_b.nunique() == 1))
+    return pd.DataFrame(rows), kappa(j.verdict_a, j.verdict_b)

@@ -19,15 +19,15 @@ from .verirag import (CHECKS, CHECK_IDS, PaperExtraction, PaperAudit, REQUIRED_S
 
 # %% auto #0
 __all__ = ['SCENARIOS', 'CLAIM_SETS', 'BUILDERS', 'Verdict', 'Stance', 'PROBE_CHARS', 'ABSTRACT_WORDS', 'MAX_REPAIRS',
-           'CIBER_RELIABILITY', 'BASELINES', 'PROBE_STANCE', 'EvidencePaper', 'ClaimCase', 'temporal_scenarios',
-           'build_cases', 'scifact_cases', 'healthver_cases', 'covidfact_cases', 'claim_cases', 'evidence_chunks',
-           'snippet_block', 'ClaimFeatures', 'audit_schema', 'extraction_prompt', 'features_prompt', 'audit_prompt',
-           'second_judge_prompt', 'AuditRecord', 'extract_paper', 'audit_paper', 'claim_features_of', 'CoTVerdict',
-           'PassageCritique', 'SelfRAGCritiques', 'selfrag_schema', 'SynthesisVerdict', 'FlareAssessment',
+           'JUSTIFICATION_CHARS', 'CIBER_RELIABILITY', 'BASELINES', 'PROBE_STANCE', 'EvidencePaper', 'ClaimCase',
+           'temporal_scenarios', 'build_cases', 'scifact_cases', 'healthver_cases', 'covidfact_cases', 'claim_cases',
+           'evidence_chunks', 'snippet_block', 'ClaimFeatures', 'audit_schema', 'extraction_prompt', 'features_prompt',
+           'audit_prompt', 'second_judge_prompt', 'AuditRecord', 'extract_paper', 'audit_paper', 'claim_features_of',
+           'CoTVerdict', 'PassageCritique', 'SelfRAGCritiques', 'selfrag_schema', 'SynthesisVerdict', 'FlareAssessment',
            'FinalVerdict', 'ProbeAnswer', 'cot_prompt', 'selfrag_critique_prompt', 'selfrag_synthesis_prompt',
            'flare_prompt', 'flare_final_prompt', 'probe_prompt', 'dempster', 'stance_mass', 'fuse_stances',
            'BaselineRun', 'run_baseline', 'CaseAudit', 'audit_case', 'audit_status', 'boldness_features',
-           'fit_boldness', 'verirag_verdicts', 'predicted_valid', 'second_judge']
+           'fit_boldness', 'verirag_scores', 'verirag_verdicts', 'predicted_valid', 'second_judge']
 
 # %% ../nbs/09b_verirag_pipeline.ipynb #cf231d64
 SCENARIOS = ('TY0', 'TY1', 'TY3', 'TY5')
@@ -336,10 +336,12 @@ class FinalVerdict(BaseModel):
     model_config = ConfigDict(extra='forbid')
     verdict: Literal['Supports', 'Refutes', 'Neutral']
 
+JUSTIFICATION_CHARS = 240  # one sentence; unbounded, a small model rambles past the probe's token cap and the JSON is cut
+
 class ProbeAnswer(BaseModel):
     model_config = ConfigDict(extra='forbid')
     answer: Literal['Yes', 'No', 'Unsure']
-    justification: str
+    justification: str = Field(max_length=JUSTIFICATION_CHARS)
 
 _EVIDENCE_ONLY = "Use only what the evidence states; do not add outside knowledge."
 
@@ -492,22 +494,32 @@ def fit_boldness(train: Sequence[CaseAudit]) -> BoldnessModel:
     X, y = zip(*rows)
     return BoldnessModel().fit(np.array(X), y)
 
-def verirag_verdicts(audits: Sequence[CaseAudit], scenario: str, boldness: BoldnessModel, params: HVParams,
-                     hv: bool = True, dynamic_threshold: bool = True, redundancy: bool = True,
-                    ) -> list[str]: # 'Valid' / 'Invalid' / 'unparseable' per claim
-    "VERIRAG's verdict on each claim in one scenario (and the Table 4 ablations)."
-    out = []
+def verirag_scores(audits: Sequence[CaseAudit], scenario: str, boldness: BoldnessModel, params: HVParams,
+                   hv: bool = True, dynamic_threshold: bool = True, redundancy: bool = True,
+                  ) -> pd.DataFrame: # per claim: claim_id, verdict, hv, tau, margin (HV − τ), h_s, h_r, h_n, n_ev, dropped
+    "VERIRAG's verdict on each claim in one scenario (and the Table 4 ablations), with the numbers behind it."
+    rows = []
     for a in audits:
-        if a.features is None: out.append('unparseable'); continue
-        papers = [a.records[p].audit for p in a.case.scenarios[scenario] if a.records[p].audit is not None]
+        ids = a.case.scenarios[scenario]
+        papers = [a.records[p].audit for p in ids if a.records[p].audit is not None]
+        row = dict(claim_id=a.case.claim_id, n_ev=len(ids), dropped=len(ids) - len(papers))
+        if a.features is None: rows.append(row | dict(verdict='unparseable')); continue
         if not hv:
             votes = [p.stance for p in papers]
-            out.append('Valid' if votes.count('Supports') > votes.count('Refutes') else 'Invalid'); continue
+            rows.append(row | dict(verdict='Valid' if votes.count('Supports') > votes.count('Refutes') else 'Invalid')); continue
         f = float(boldness.predict(boldness_features(a.features))[0])
         r = score_claim(papers, tau_base(a.features.required_standard, f), len(a.case.scenarios['TY0']), params,
-                        redundancy=redundancy, dynamic_threshold=dynamic_threshold)
-        out.append('Valid' if r['valid'] else 'Invalid')
-    return out
+                        n_ev=len(ids), redundancy=redundancy, dynamic_threshold=dynamic_threshold)
+        rows.append(row | dict(verdict='Valid' if r['valid'] else 'Invalid', hv=r['hv'], tau=r['tau'], margin=r['hv'] - r['tau'],
+                               h_s=r['h_s'], h_r=r['h_r'], h_n=r['h_n']))
+    cols = ['claim_id', 'verdict', 'hv', 'tau', 'margin', 'h_s', 'h_r', 'h_n', 'n_ev', 'dropped']
+    return pd.DataFrame(rows, columns=cols)
+
+def verirag_verdicts(audits: Sequence[CaseAudit], scenario: str, boldness: BoldnessModel, params: HVParams,
+                     **switches, # hv, dynamic_threshold, redundancy (see `verirag_scores`)
+                    ) -> list[str]: # 'Valid' / 'Invalid' / 'unparseable' per claim
+    "The verdict column of `verirag_scores`."
+    return verirag_scores(audits, scenario, boldness, params, **switches).verdict.tolist()
 
 def predicted_valid(verdicts: Sequence[str], truth: Sequence[bool]) -> list[bool]:
     "Verdicts as Valid flags for scoring; an unparseable verdict is scored as wrong (the opposite of the truth)."

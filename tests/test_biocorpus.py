@@ -37,6 +37,10 @@ def test_summary_totals(corpus):
     s = corpus_summary(corpus)
     assert s.loc['total', 'documents'] == len(corpus) == s.documents.drop('total').sum()
     assert s.loc['total', 'share_of_pubmed'] < 1e-3
+    paper = corpus_summary(corpus, reference_size=23_000_000)   # a chapter passes the size its paper retrieved from
+    assert paper.loc['total', 'share_of_pubmed'] == pytest.approx(len(corpus) / 23_000_000)
+    assert paper.loc['total', 'share_of_pubmed'] > s.loc['total', 'share_of_pubmed']
+    with pytest.raises(ValueError, match='positive'): corpus_summary(corpus, reference_size=0)
 
 def test_bad_sources_refused():
     with pytest.raises(ValueError, match='unknown'): biomedical_corpus(('pubmedqa', 'medline'))

@@ -3,8 +3,9 @@ import json, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from hypothesis import given, settings, strategies as st
-from rag_lab.pubmed import (LocalEutilsServer, LocalPubMed, PubMedClient, PubMedError, PubMedQueryError, QuerySyntaxError,
-                            normalize_query, parse_query, render_query, scope_query, mesh_terms)
+import re
+from rag_lab.pubmed import (FIELD_TAGS, LocalEutilsServer, LocalPubMed, PubMedClient, PubMedError, PubMedQueryError, QuerySyntaxError,
+                            UnsupportedFieldError, normalize_query, parse_query, render_query, scope_query, mesh_terms)
 from rag_lab.reasoner import AgentConfig, Question, ScriptedLLM, audit_citations, pubmed_reasoner
 from rag_lab.retrieval import Corpus, Document
 
@@ -51,7 +52,8 @@ def test_unknown_mesh_is_reported_not_silent(client):
 @pytest.mark.parametrize('query,why', [
     ('(asthma[mesh] AND child[mesh]', "'(' at position 0 is never closed"),
     ('asthma[mesh]) OR child[mesh]', "')' at position 12 has no matching '('"),
-    ('asthma[majr]', 'unknown field tag [majr]'),
+    ('asthma[foo]', 'unknown field tag [foo]'),
+    ('asthma[mesh] AND x[bogus field]', 'unknown field tag [bogus field]'),
     ('asthma[mesh] AND', 'no right-hand term'),
     ('2020:2010[pdat]', 'runs backwards'),
     ('"asthma', 'unterminated quoted phrase')])
@@ -63,6 +65,32 @@ def test_malformed_queries_clear_errors_both_sides(server, query, why):
     with pytest.raises(PubMedQueryError) as e:                      # the service answers with the same clear error
         PubMedClient(server.base_url, requests_per_second=200, validate=False).esearch(query)
     assert why in str(e.value) and server.requests == before + 1
+
+@pytest.mark.parametrize('query', ['asthma[majr]', 'smith j[au]', 'review[pt]', 'english[la]', 'x[tw]', 'x[ab]', 'x[ti]', 'therapy[sh]',
+                                   'asthma[MeSH Major Topic]', 'x[Text Word]', 'x[Publication Type]', '2020[dp]', '"a b"[tiab:~3]',
+                                   'x[ta]', 'x[ad]', 'x[ot]', 'x[nm]', 'x[sb]', '2019/01/01:2020[edat]', 'x[1au]', 'x[lastau]'])
+def test_real_ncbi_field_tags_parse(query):
+    parse_query(query)                                             # the client would send it (validate=True)
+
+def test_local_service_honours_what_it_can(client):
+    assert client.esearch('asthma[majr]').ids == client.esearch('asthma[mesh]').ids        # no major flags: [majr] = [mesh]
+    assert client.esearch('asthma[majr] AND leukotrienes[MeSH Terms]').ids == ['101']
+    assert client.esearch('steroids[ab]').ids == ['102'] and client.esearch('steroids[ti]').ids == []
+    assert client.esearch('child[tw]').ids == ['102']                                      # a MeSH heading is a text word
+    assert client.esearch('asthma[mh] AND 2010:2015[dp]').ids == ['102']
+    assert client.esearch('"bronchial asthma"[Title/Abstract]').ids == ['101']
+
+@pytest.mark.parametrize('query,tag', [('smith j[au]', 'au'), ('asthma[mesh] AND review[pt]', 'pt'), ('english[la]', 'la'),
+                                       ('"lung carcinoma"[tiab:~2]', 'tiab:~2'), ('2019:2020[edat]', 'edat')])
+def test_local_service_refuses_the_rest_clearly(server, client, query, tag):
+    with pytest.raises(UnsupportedFieldError, match=re.escape(f'field [{tag}]')):
+        LocalPubMed(server.pubmed.corpus).search(query)
+    with pytest.raises(PubMedQueryError, match=re.escape(f'field [{tag}]') + '.*not supported by the local service'):
+        client.esearch(query)
+
+def test_field_tags_are_case_and_space_insensitive():
+    assert parse_query('x[MeSH  Terms]') == parse_query('x[mh]') == parse_query('x[MESH]')
+    assert len(set(FIELD_TAGS.values())) > 40                      # the whole PubMed tag list, not a subset
 
 def test_service_refuses_other_databases(server):
     c = PubMedClient(server.base_url, requests_per_second=200)
@@ -165,15 +193,20 @@ def test_normalize_is_valid_and_idempotent(atoms):
     assert normalize_query(q) == q
     assert all(t in ('Neoplasms', 'Lung Neoplasms', 'Leukotrienes') for t in mesh_terms(q))
 
+def _judged(p):
+    "The terms a critique prompt asks about."
+    return re.search(r'Judge each query term: (.*?)\. coverage:', p)[1].split(', ')
+
 def _agent_script(state, cite='[PMID: 101]'):
-    "Critic whose covered share grows each round, so only the budget stops it; refinements are always new."
+    """Critic judging the query's real terms, whose covered share grows each round (0, 1/2, 1) and which always calls
+    some term redundant, so only the budget stops it; refinements are always new."""
     def reply(p):
         if 'List up to 8 MeSH' in p: return json.dumps({'candidates': [{'term': 'Asthma', 'rationale': 'r'}]})
         if 'Judge each query term' in p:
             state['round'] += 1
             k = state['round']
-            return json.dumps({'terms': [{'term': f't{i}', 'coverage': 'Yes' if i < k else 'No', 'alignment': 'Yes',
-                                          'redundant': 'No', 'rationale': 'r'} for i in range(5)]})
+            return json.dumps({'terms': [{'term': t, 'coverage': 'Yes' if i < k - 1 else 'No', 'alignment': 'Yes',
+                                          'redundant': 'Yes', 'rationale': 'r'} for i, t in enumerate(_judged(p))]})
         if 'Revise the MeSH terms' in p:
             state['refine'] += 1
             # an OR-group with Asthma: every refinement is new and still has hits (a zero-hit query is never 'covered')
@@ -196,19 +229,47 @@ def test_critic_loop_hits_its_budget(client, budget):
     assert r.calls.made['critique'] == budget and r.calls.made.get('refine', 0) == budget - 1
     assert len(r.queries) == budget and len(set(r.queries)) == budget
     assert r.searches == budget + 1                                # one per critic round + the final retrieval
+    assert [t['covered_aligned'] for t in r.trace if 'round' in t] == [0, 0.5, 1.0][:budget]
+    assert r.final_query == r.queries[-1]                          # every round improved: the last query is q*
 
-def test_batches_respect_article_budget(client):
-    r = pubmed_reasoner(ScriptedLLM(_agent_script(dict(round=0, refine=0))), client, QUESTION,
-                        AgentConfig(critic_iters=1, batch_size=1, max_articles=2))
-    assert r.calls.made['extract'] == 2 and r.calls.made['sufficiency'] == 2   # never sufficient: reads all M_max, one per batch
+def _critic(verdicts):
+    """Agent script with a two-term first query (Asthma AND Leukotrienes), a new refinement (Asthma OR Child), and a
+    critic answering `verdicts(round, terms)` -> [(term, coverage, alignment)]."""
+    state = dict(round=0)
+    def reply(p):
+        if 'Judge each query term' in p:
+            state['round'] += 1
+            return json.dumps({'terms': [{'term': t, 'coverage': c, 'alignment': a, 'redundant': 'No', 'rationale': 'r'}
+                                         for t, c, a in verdicts(state['round'], _judged(p))]})
+        if 'Select the candidates' in p: return json.dumps({'concepts': [['Asthma'], ['Leukotrienes']]})
+        if 'Revise the MeSH terms' in p: return json.dumps({'concepts': [['Asthma', 'Child']]})
+        return _agent_script(dict(round=0, refine=0))(p)
+    return reply
 
-def test_never_retrieved_citation_is_flagged(client):
-    r = pubmed_reasoner(ScriptedLLM(_agent_script(dict(round=0, refine=0), cite='[PMID: 101] [PMID: 31415926]')), client,
-                        QUESTION, AgentConfig(critic_iters=1))
-    assert r.audit['never_retrieved'] == ['31415926']
-    assert r.audit['flags'] == ['cites PMID 31415926, which was never retrieved']
-    assert r.audit['grounded']                                     # it also cites real evidence
+FIRST, REFINED = '"Asthma"[mesh] AND "Leukotrienes"[mesh]', '"Asthma"[mesh] OR "Child"[mesh]'
+
+def test_regression_keeps_the_best_query(client):
+    # round 1: one of two terms covered and aligned (1/2); round 2: none (0) -> stop, and q* is round 1's query
+    crit = lambda k, terms: [(t, 'Yes', 'Yes' if k == 1 and i == 0 else 'No') for i, t in enumerate(terms)]
+    r = pubmed_reasoner(ScriptedLLM(_critic(crit)), client, QUESTION, AgentConfig(critic_iters=3))
+    assert r.stop_reason == 'no gain in coverage/alignment'
+    assert [t['covered_aligned'] for t in r.trace if 'round' in t] == [0.5, 0.0]
+    assert r.queries == [FIRST, REFINED, FIRST] and r.final_query == FIRST   # re-issued for Stage 2
+    assert r.searches == 3 and [t['retrieved'] for t in r.trace if t.get('stage') == 2] == [1]   # Stage 2 read q*'s one record
+
+def test_critique_omitting_terms_does_not_end_the_search(client):
+    # the critic answers only for the first query term, all Yes: the omitted term counts as No, so the search goes on
+    r = pubmed_reasoner(ScriptedLLM(_critic(lambda k, terms: [(terms[0], 'Yes', 'Yes')])), client, QUESTION, AgentConfig(critic_iters=3))
+    first = [t for t in r.trace if 'round' in t][0]
+    assert (first['covered_aligned'], first['unjudged']) == (0.5, 1)
+    assert r.stop_reason != 'all signals positive' and r.calls.made['refine'] == 1
 
 def test_audit_without_citations_is_not_grounded():
     a = audit_citations('Yes, definitely.', ['1'], ['1'])
     assert (a['cited'], a['grounded'], a['flags']) == ([], False, [])
+    assert (a['statements'], a['statements_cited'], a['statement_coverage']) == (1, 0, 0.0)
+
+def test_statement_citation_coverage():
+    a = audit_citations('A holds [PMID: 1]. B holds too. [PMID: 1, 2] C is invented [PMID: 7]. D has none.', ['1', '2'], ['1'])
+    assert (a['statements'], a['statements_cited'], a['statement_coverage']) == (4, 2, 0.5)
+    assert a['never_retrieved'] == ['7'] and a['grounded']

@@ -7,9 +7,10 @@ from hypothesis import given, settings, strategies as st
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 from rag_lab.llm import LLMCache, Ledger, LlamaCppLLM
 from rag_lab.retrieval import Corpus, Document
-from rag_lab.rag2 import (MiniLMFilter, MultiCorpus, answer_messages, apply_filter, check_mcq, corpus_share, delta_ppl,
-                          format_mcq, helpful_threshold, make_query, parse_mcq_answer, ppl_labels, rationale_messages,
-                          rationale_ppl, retrieve, split_items)
+from rag_lab.rag2 import (MiniLMFilter, MultiCorpus, answer_messages, apply_filter, calibrate_filter_threshold, check_mcq,
+                          corpus_share, delta_ppl, filter_report, format_mcq, helpful_threshold, make_query,
+                          out_of_fold_proba, parse_mcq_answer, ppl_labels, rag2_prompt, rationale_messages, rationale_ppl,
+                          retrieve, split_items)
 import pandas as pd
 
 SMOL = 'smollm2-135m-instruct-q4_1'
@@ -44,9 +45,12 @@ def test_delta_ppl_sign_on_a_constructed_case(smol):
     # the score went through the LLM layer's cache: a second call is a hit and gives the same number
     assert rationale_ppl(smol, Q, OPTS, rationale, snippet=rationale) == same
     assert smol.ledger.frame().cached.any()
-    tau = helpful_threshold([d_same, d_other, -abs(d_other) - 1, 0.0], 0.25)
-    assert ppl_labels([d_same, d_other], tau).tolist() == [1, int(d_other >= tau)]
-    assert ppl_labels([d_same, d_other], tau, require_gain=True).tolist() == [1, int(d_other >= tau and d_other > 0)]
+    # threshold on the constructed case: of four pairs, the top 25% is exactly the snippet that states the rationale
+    deltas = [d_same, d_other, -abs(d_other) - 1, 0.0]
+    tau = helpful_threshold(deltas, 0.25)
+    assert max(d_other, 0.0) < tau <= d_same
+    assert ppl_labels(deltas, tau).tolist() == [1, 0, 0, 0]
+    assert ppl_labels(deltas, tau, require_gain=True).tolist() == [1, 0, 0, 0]
 
 
 def test_threshold_is_the_top_quantile_and_require_gain_never_labels_a_perplexity_increase():
@@ -90,15 +94,62 @@ def test_a_snippet_longer_than_the_filter_window(minilm_filter):
 
 # ---------------------------------------------------------------- all snippets filtered out
 def test_all_snippets_filtered_out_falls_back_to_closed_book(minilm_filter):
+    "The RAG² inference step (filter -> prompt): off-topic snippets are all rejected and the prompt is the closed-book one."
     docs = ['The weather will be sunny.', 'Football scores from the weekend.']
-    probs = minilm_filter.predict_proba([Q] * 2, docs)
-    kept, fallback = apply_filter(probs, ['d1', 'd2'])
+    msgs, kept, fallback = rag2_prompt(minilm_filter, Q, OPTS, ['d1', 'd2'], docs, threshold=0.5)
     assert kept == [] and fallback
-    assert answer_messages(Q, OPTS, kept) == answer_messages(Q, OPTS)  # exactly the no-retrieval prompt
+    assert msgs == answer_messages(Q, OPTS)  # exactly the no-retrieval prompt
+    assert not any(d in msgs[0]['content'] for d in docs) and 'Documents' not in msgs[0]['content']
+    # the same step with one helpful snippet among them keeps it, and only it
+    msgs, kept, fallback = rag2_prompt(minilm_filter, Q, OPTS, ['d1', 'd3'], [docs[0], 'Scurvy results from vitamin C deficiency.'], 0.5)
+    assert kept == ['d3'] and not fallback and 'Scurvy results' in msgs[0]['content'] and docs[0] not in msgs[0]['content']
+    assert rag2_prompt(minilm_filter, Q, OPTS, [], [], 0.5) == (answer_messages(Q, OPTS), [], True)  # nothing retrieved
     none_helpful = MiniLMFilter().fit([Q, Q], docs, [0, 0])  # labels of one class: a constant filter, no crash
     assert none_helpful.predict_proba([Q] * 2, docs).tolist() == [0.0, 0.0]
-    assert apply_filter([], []) == ([], True)
-    with pytest.raises(ValueError, match='probabilities'): apply_filter([0.9], ['a', 'b'])
+    assert rag2_prompt(none_helpful, Q, OPTS, ['d1', 'd2'], docs, calibrate_filter_threshold([0.0, 0.0]))[2]
+    assert apply_filter([], [], 0.5) == ([], True)
+    with pytest.raises(ValueError, match='probabilities'): apply_filter([0.9], ['a', 'b'], 0.5)
+    with pytest.raises(ValueError, match='snippet texts'): rag2_prompt(minilm_filter, Q, OPTS, ['d1'], [], 0.5)
+
+
+# ---------------------------------------------------------------- the filter's decision threshold and held-out report
+def test_calibrated_threshold_keeps_the_helpful_share_of_training_pairs():
+    rng = np.random.default_rng(0)
+    p = rng.uniform(0.01, 0.45, 40)  # every probability below 0.5: a fixed 0.5 keeps nothing
+    assert (p >= 0.5).sum() == 0
+    thr = calibrate_filter_threshold(p, keep_share=0.25)
+    assert (p >= thr).sum() == 10 and thr < 0.5
+    assert calibrate_filter_threshold(p, 0.25, threshold=0.5) == 0.5  # a fixed value wins
+    assert calibrate_filter_threshold([0.0, 0.0, 0.0], 0.25) == 0.5  # constant filter: no ranking to calibrate
+    with pytest.raises(ValueError, match='threshold'): calibrate_filter_threshold(p, 0.25, threshold=0.0)
+    with pytest.raises(ValueError, match='keep_share'): calibrate_filter_threshold(p, 1.0)
+    with pytest.raises(ValueError, match='no training'): calibrate_filter_threshold([], 0.25)
+
+
+class _RecordingFilter:
+    "Scores a pair 1 if its question was seen in training, else 0 (a memoriser): exposes any leakage across folds."
+    def __init__(self): self.seen = set()
+    def clone(self): return _RecordingFilter()
+    def fit(self, qs, sn, y): self.seen = set(qs); return self
+    def predict_proba(self, qs, sn): return np.array([float(q in self.seen) for q in qs])
+
+
+def test_out_of_fold_probabilities_never_come_from_a_filter_that_saw_the_question():
+    qs = [f'q{i}' for i in range(10) for _ in range(3)]
+    p = out_of_fold_proba(_RecordingFilter(), qs, ['s'] * 30, [0, 1, 0] * 10, groups=qs, n_folds=4)
+    assert p.shape == (30,) and (p == 0).all()
+    with pytest.raises(ValueError, match='at least 2 questions'): out_of_fold_proba(_RecordingFilter(), ['q'] * 2, ['s'] * 2, [0, 1], ['q'] * 2)
+
+
+def test_filter_report_counts_a_reject_everything_filter_as_chance():
+    y = [1, 0, 0, 0, 1, 0, 0, 0]
+    r = filter_report(y, [0.1] * 8, threshold=0.5)  # the audited failure: every pair predicted NOT_HELPFUL
+    assert r['accuracy'] == r['majority_baseline'] == 75.0 and r['balanced_accuracy'] == 50.0 and r['predicted_helpful'] == 0
+    assert r['helpful_base_rate'] == 25.0 and r['accuracy_lo'] <= 75.0 <= r['accuracy_hi']
+    r = filter_report(y, [0.9, 0.1, 0.2, 0.1, 0.6, 0.7, 0.1, 0.1], threshold=0.5)
+    assert r['predicted_helpful'] == 3 and r['accuracy'] == 87.5 and r['balanced_accuracy'] == pytest.approx(100 * (1 + 5 / 6) / 2)
+    assert r['roc_auc'] == pytest.approx(100 * 11 / 12)
+    with pytest.raises(ValueError, match='labels'): filter_report([1], [0.1, 0.2], 0.5)
 
 
 # ---------------------------------------------------------------- malformed items
@@ -109,6 +160,13 @@ def test_a_question_with_malformed_options_is_refused(options, msg):
     for build in (check_mcq, format_mcq, rationale_messages, answer_messages):
         with pytest.raises(ValueError, match=msg): build(Q, options)
     with pytest.raises(ValueError, match='question text is empty'): check_mcq('', OPTS)
+
+
+@pytest.mark.parametrize('answer', ['E', 'AB', '', ' ', 2])
+def test_a_question_whose_gold_answer_is_not_an_option_is_refused(answer):
+    with pytest.raises(ValueError, match='gold answer .* is not among the options A, B, C, D'):
+        check_mcq(Q, OPTS, answer=answer)
+    assert check_mcq(Q, OPTS, answer='b') == OPTS  # a lower-case letter of an existing option is fine
 
 
 def test_answers_that_name_no_option_are_unparseable_not_guessed():
@@ -127,6 +185,8 @@ def test_balanced_retrieval_draws_from_every_corpus_and_shares_add_up():
     q = 'Vitamin C deficiency causes scurvy.'
     assert set(mc.source_of[d] for d in retrieve(mc, q, 'stacked', k=3)) == {'big'}
     assert set(mc.source_of[d] for d in retrieve(mc, q, 'balanced', k=3, per_corpus=1)) == {'big', 'small', 'tiny'}
+    # like for like: the same candidate count and reranker from one pooled BM25 ranking, no quota -> the big corpus only
+    assert set(mc.source_of[d] for d in retrieve(mc, q, 'pooled_rerank', k=3, per_corpus=1)) == {'big'}
     # MiniLM as both first stage and reranker makes balanced collapse into stacked (k <= per_corpus)
     assert retrieve(mc, q, 'balanced', k=3, per_corpus=3, first_stage='dense') == retrieve(mc, q, 'stacked', k=3)
     assert retrieve(mc, 'zzzz qqqq', 'balanced', k=3) == []  # no query term in any corpus: nothing, not an error

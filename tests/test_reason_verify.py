@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 from rag_lab.retrieval import BM25Index, Corpus, Document, Reranker
 from rag_lab.reasonverify import (
-    CATEGORIES, Demo, Verifier, VerifyTask, agreement, content_words, decontaminate, faithfulness, normalize_label,
-    parse_answer, parse_decomposed, parse_direct, query_overlap, rationale_messages, render_evidence, retrieve_evidence,
-    rewrite_needed, segment_rationale, select_demos, shares_pmid, strip_answer_lines, vanilla_messages)
+    CATEGORIES, Demo, Verifier, VerifyTask, agreement, call_accounting, content_words, decontaminate, faithfulness,
+    normalize_label, parse_answer, parse_decomposed, parse_direct, query_overlap, rationale_messages, render_evidence, retrieve_evidence,
+    rewrite_needed, segment_rationale, select_demos, shares_pmid, strip_answer_lines, unique_calls, vanilla_messages)
 
 
 # --- segmentation on tricky text ---------------------------------------------------------------------------------
@@ -105,6 +105,42 @@ def test_empty_evidence_set(tiny):
     assert parse_answer('ANSWER UNAVAILABLE', 'bioasq').status == 'unavailable'
 
 
+class _ScriptedLLM:
+    "Answers each call with the next scripted reply; records the prompts (a fake backend for the verifier path)."
+    model = 'scripted'
+    def __init__(self, *replies): self.replies, self.calls = list(replies), []
+    def chat(self, msgs, **kw):
+        self.calls.append((msgs, kw))
+        return type('G', (), {'text': self.replies.pop(0)})()
+
+
+def test_verifier_on_the_empty_evidence_block():
+    block = render_evidence([], 'Does aspirin prevent stroke?')
+    statements = ['Aspirin inhibits platelet aggregation [P1].', 'Stroke risk therefore falls in older adults.']
+    task = VerifyTask('Does aspirin prevent stroke?', block, statements)
+    # A: the labels a verifier should give when nothing was retrieved are parsed, and Faith(R) is defined
+    llm = _ScriptedLLM('{"labels": ["CORRECT-MISSING", "INCORRECT-MISSING"]}')
+    labels = Verifier(llm, 'direct').verify_many([task])
+    assert labels == [['CORRECT-MISSING', 'INCORRECT-MISSING']] and faithfulness(labels[0]) == 0.5
+    sent = llm.calls[0][0][-1]['content']
+    assert '(no documents were retrieved)' in sent and 'S2. Stroke risk' in sent   # the empty block reached the verifier
+    assert llm.calls[0][1]['json_schema']['properties']['labels']['minItems'] == 2
+    # B: 'absent' support maps to the MISSING categories through the fixed rule
+    llm = _ScriptedLLM('{"statements": [{"relevant": true, "support": "absent", "logical": true, "outside_correct": true},'
+                       '{"relevant": true, "support": "absent", "logical": true, "outside_correct": false}]}')
+    labels = Verifier(llm, 'decomposed').verify_many([task])
+    assert labels == [['CORRECT-MISSING', 'INCORRECT-MISSING']] and '(no documents were retrieved)' in llm.calls[0][0][-1]['content']
+    # a reply with nothing usable leaves every statement unlabelled, and Faith(R) is NaN (documented in faithfulness)
+    labels = Verifier(_ScriptedLLM('There are no documents, so nothing can be checked.'), 'direct').verify_many([task])
+    assert labels == [[None, None]] and math.isnan(faithfulness(labels[0]))
+
+
+def test_trigger_needs_an_evidence_score():
+    assert rewrite_needed(0.2, 0.9) and rewrite_needed(0.9, 0.2) and not rewrite_needed(0.9, 0.9)
+    with pytest.raises(ValueError, match='follows reranking'):
+        rewrite_needed(0.9, None)   # no reranker: Algorithm 1 has no trigger (the no-rerank path never calls it)
+
+
 def test_question_whose_retrieval_returns_nothing(tiny):
     _, bm25 = tiny
     calls = []
@@ -160,3 +196,22 @@ def test_demo_prompt_carries_gold_only_when_asked():
     assert 'The correct answer is B. no' in rationale_messages('q?', '[P1] x', 'bioasq', gold='B')[-1]['content']
     assert set(CATEGORIES) == {f'{a}-{b}' for a, bs in (('CORRECT', ('EXPLICIT', 'IMPLICIT', 'ADDITIONAL', 'MISSING')),
                                ('INCORRECT', ('FALSE', 'DEVIATING', 'ILLOGICAL', 'MISSING'))) for b in bs}
+
+
+# --- model calls shared by experiments are counted once -----------------------------------------------------------
+def _record(exp, prompt_tokens, seconds, cached):
+    return dict(experiment=exp, kind='chat', backend='fake', model='m', prompt_tokens=prompt_tokens, completion_tokens=10,
+                seconds=seconds, wall=0.0, cached=cached)
+
+
+def test_call_accounting_counts_shared_calls_once_and_tells_cold_from_cached():
+    cold = pd.DataFrame([_record('static/k0', 100, 2.5, False), _record('dynamic/k0', 100, 2.5, True),
+                         _record('verify/A', 300, 4.0, False), _record('verify/A', 300, 4.0, True)])
+    a = call_accounting(cold)
+    assert (a['calls_made'], a['distinct_calls'], a['computed'], a['from_earlier_run'], a['served_from_cache']) == (4, 2, 2, 0, 2)
+    assert (a['prompt_tokens'], a['completion_tokens'], a['seconds']) == (400, 20, 6.5)
+    warm = call_accounting(cold.assign(cached=True))   # the rerun: same distinct totals, nothing computed
+    assert (warm['distinct_calls'], warm['computed'], warm['from_earlier_run'], warm['prompt_tokens']) == (2, 0, 2, 400)
+    keyed = unique_calls(cold.assign(key=['k1', 'k1', 'k2', 'k3']))   # a recorded cache key wins over the fallback identity
+    assert keyed.repeats.tolist() == [2, 1, 1]
+    with pytest.raises(ValueError, match='ledger frame'): unique_calls(pd.DataFrame({'experiment': ['x']}))
