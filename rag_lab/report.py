@@ -43,13 +43,19 @@ def paper_table(slug: str, # paper slug, e.g. 'claim_aware'
                              paper_text=df['paper'], note=df['note']))
 
 # %% ../nbs/03_report.ipynb #2bd3fdf1
+def _publish(tmp: str, dest: Path) -> None:
+    "Move a finished temp file to `dest` with the permissions a plain `open` gives (mkstemp makes files 0600)."
+    umask = os.umask(0); os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    os.replace(tmp, dest)
+
 def atomic_write_text(path: Path, text: str) -> Path:
     "Write `text` to `path` via a temp file in the same folder, so readers never see half a file."
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.')
     try:
         with os.fdopen(fd, 'w', encoding='utf-8') as f: f.write(text)
-        os.replace(tmp, path)
+        _publish(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True); raise
     return path
@@ -147,8 +153,9 @@ class Results:
         for ext in ('png', 'pdf'):
             fd, tmp = tempfile.mkstemp(dir=self.figure_dir, suffix=f'.{ext}')
             os.close(fd)
-            fig.savefig(tmp, dpi=150, bbox_inches='tight')
-            os.replace(tmp, self.figure_dir / f'{name}.{ext}')
+            # no creation date in the PDF: a rerun with the same numbers rewrites identical bytes
+            fig.savefig(tmp, dpi=150, bbox_inches='tight', metadata={'CreationDate': None} if ext == 'pdf' else None)
+            _publish(tmp, self.figure_dir / f'{name}.{ext}')
         self.figures.append(name)
         return self.figure_dir / f'{name}.png'
 
