@@ -257,12 +257,13 @@ def package_versions(names=_KEY_PACKAGES) -> dict[str, str | None]:
     return out
 
 def git_commit(root: Path | None = None) -> str:
-    "HEAD commit of the checkout, with `+dirty` when tracked files differ from it; 'unknown' outside git."
+    "HEAD commit of the checkout, with `+dirty` when tracked inputs differ from it; 'unknown' outside git."
     root = root or repo_root()
     try:
         sha = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=root, capture_output=True, text=True, timeout=10)
         if sha.returncode: return 'unknown'
-        dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'], cwd=root,
+        # outputs (reports/, figures/) are not inputs: a run that follows another is not 'dirty' because of it
+        dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no', '--', '.', ':!reports', ':!figures'], cwd=root,
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return sha.stdout.strip() + ('+dirty' if dirty else '')
     except (OSError, subprocess.TimeoutExpired): return 'unknown'

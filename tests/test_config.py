@@ -24,3 +24,17 @@ def test_values_are_typed():
     assert parse_param('rag2', 'helpful_quantile', '0.3') == 0.3
     assert parse_param('reason_verify', 'n', 'None') is None
     assert parse_param('reason_verify', 'base_url', 'http://127.0.0.1:8000/v1') == 'http://127.0.0.1:8000/v1'
+
+def test_git_commit_ignores_outputs_but_not_inputs(tmp_path):
+    "A run after another run is not 'dirty' because the first rewrote reports/ or figures/; a changed input is."
+    import subprocess
+    from rag_lab.config import git_commit
+    git = lambda *a: subprocess.run(['git', '-c', 'user.name=t', '-c', 'user.email=t@t', *a], cwd=tmp_path, check=True, capture_output=True)
+    (tmp_path / 'reports').mkdir(); (tmp_path / 'reports' / 't.csv').write_text('a\n'); (tmp_path / 'nb.py').write_text('x = 1\n')
+    git('init', '-q'); git('add', '.'); git('commit', '-qm', 'init')
+    clean = git_commit(tmp_path)
+    assert len(clean) == 40 and not clean.endswith('+dirty')
+    (tmp_path / 'reports' / 't.csv').write_text('b\n')
+    assert git_commit(tmp_path) == clean
+    (tmp_path / 'nb.py').write_text('x = 2\n')
+    assert git_commit(tmp_path) == clean + '+dirty'
