@@ -247,6 +247,7 @@ class CallRecord:
     seconds: float           # compute time of the original call
     wall: float              # time this call took in this run (a cache hit: milliseconds)
     cached: bool
+    key: str | None = None   # cache key: tells two distinct calls apart even when their counts coincide
 
 class Ledger:
     "Calls, tokens and time, aggregated per experiment."
@@ -321,9 +322,10 @@ class LLM:
         if 'stop' in upd: upd['stop'] = (upd['stop'],) if isinstance(upd['stop'], str) else tuple(upd['stop'])
         return GenConfig(**{**self.defaults.model_dump(), **upd})
 
-    def _record(self, kind: str, prompt_tokens: int, completion_tokens: int, seconds: float, wall: float, cached: bool):
+    def _record(self, kind: str, prompt_tokens: int, completion_tokens: int, seconds: float, wall: float, cached: bool,
+                key: str):
         self.ledger.add(CallRecord(self.ledger.current, kind, self.backend, self.model, prompt_tokens, completion_tokens,
-                                   seconds, wall, cached))
+                                   seconds, wall, cached, key))
 
     def chat_many(self, prompts: Sequence[str | Sequence[dict]], # prompts or message lists
                   temperature: float | None = None, max_tokens: int | None = None,
@@ -343,7 +345,7 @@ class LLM:
             if (hit := self.cache.get(k, cache)) is not None:
                 out[i] = Generation(**hit, cached=True)
                 self._record('chat', hit['prompt_tokens'], hit['completion_tokens'], hit['seconds'],
-                             time.perf_counter() - t0, True)
+                             time.perf_counter() - t0, True, k)
         todo = [i for i, g in enumerate(out) if g is None]
         if todo:
             t0 = time.perf_counter()
@@ -353,7 +355,7 @@ class LLM:
                 secs = round(r.pop('seconds', per_call), 4)
                 g = Generation(**r, seconds=secs, backend=self.backend, model=self.model)
                 self.cache.put(keys[i], g.model_dump(exclude={'cached'}), cache, 'chat', self.backend, self.fingerprint)
-                self._record('chat', g.prompt_tokens, g.completion_tokens, g.seconds, g.seconds, False)
+                self._record('chat', g.prompt_tokens, g.completion_tokens, g.seconds, g.seconds, False, keys[i])
                 out[i] = g
         return out
 
@@ -374,12 +376,12 @@ class LLM:
         t0 = time.perf_counter()
         if (hit := self.cache.get(key, cache)) is not None:
             s = Score(**hit, cached=True)
-            self._record('score', s.context_tokens + s.n_tokens, 0, s.seconds, time.perf_counter() - t0, True)
+            self._record('score', s.context_tokens + s.n_tokens, 0, s.seconds, time.perf_counter() - t0, True, key)
             return s
         r = self._score(ctx, continuation)
         s = Score(**r, seconds=round(time.perf_counter() - t0, 4), backend=self.backend, model=self.model)
         self.cache.put(key, s.model_dump(exclude={'cached'}), cache, 'score', self.backend, self.fingerprint)
-        self._record('score', s.context_tokens + s.n_tokens, 0, s.seconds, s.seconds, False)
+        self._record('score', s.context_tokens + s.n_tokens, 0, s.seconds, s.seconds, False, key)
         return s
 
     def __repr__(self): return f"{type(self).__name__}({self.model!r}, fingerprint={self.fingerprint[:23]!r})"

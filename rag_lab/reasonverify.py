@@ -548,7 +548,7 @@ def unique_calls(records: pd.DataFrame, # `LEDGER.frame()`: one row per call, wi
     missing = {'cached', *CALL_IDENTITY} - set(records.columns)
     if missing: raise ValueError(f"not a ledger frame: missing column(s) {sorted(missing)}")
     df = records.reset_index(drop=True)
-    ident = ['key'] if 'key' in df else list(CALL_IDENTITY)
+    ident = ['key'] if 'key' in df and df['key'].notna().all() else list(CALL_IDENTITY)  # records made by hand may lack keys
     gid = df.groupby(ident, sort=False, dropna=False).ngroup()
     first = ~gid.duplicated()
     out = df[first].copy()

@@ -114,6 +114,7 @@ def test_cache_hit_keying_refresh_and_identical_tables(tmp_path):
     assert [x.text for x in a] == [x.text for x in b]
     assert first.summary().equals(second.summary())  # a re-run from the cache gives the same cost table
     assert first.summary().calls.tolist() == [2] and first.summary().total_tokens[0] > 0
+    assert first.frame().key.tolist() == second.frame().key.tolist() and first.frame().key.nunique() == 2  # the cache key identifies a call
     assert llm.chat(prompts[0], max_tokens=9).cached is False  # other parameters: another key
     assert llm.chat(prompts[0], max_tokens=8, cache='refresh').cached is False
     assert cache.stats()['hits'] == 2 and len(cache) == 3
@@ -341,6 +342,9 @@ def test_transformers_generates_in_batches_and_scores(tiny_dir, tmp_path):
     msgs = [{'role': 'user', 'content': 'what is the capital of france'}]
     assert llm.render(msgs).endswith('<|im_start|> assistant ')
     assert llm.score(msgs, ' paris').n_tokens == 1
+    from rag_lab.reasonverify import unique_calls
+    # a batch shares one compute time per call: distinct calls are told apart by their cache keys, not their counts
+    assert len(unique_calls(llm.ledger.frame().loc[lambda d: d.kind == 'chat'])) == len(prompts)
 
 
 def test_transformers_fingerprint_tracks_the_weights(tiny_dir, tmp_path):
