@@ -5,16 +5,20 @@ PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 PROFILE ?= default
-STAMP := $(VENV)/.installed-$(shell sha256sum settings.ini setup.py | sha256sum | cut -c1-16)
+STAMP := $(VENV)/.installed-$(shell sha256sum settings.ini setup.py tools/llama_cmake_args.sh | sha256sum | cut -c1-16)
 NODEPS = $(shell sed -n 's/^nodeps_requirements *= *//p' settings.ini)
+LLAMA_REQ = $(shell grep -o 'llama-cpp-python[^ ]*' settings.ini)
 
 .PHONY: install reproduce test report bench lab clean-outputs sync check-sync
 
 install: $(STAMP)
 
-$(STAMP): settings.ini setup.py
+$(STAMP): settings.ini setup.py tools/llama_cmake_args.sh
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	@# llama.cpp is compiled here for this CPU's instruction sets, never AMX (tools/llama_cmake_args.sh says why);
+	@# --no-cache-dir: a wheel cached from another build (e.g. a native one) must not be reused
+	CMAKE_ARGS="$$(bash tools/llama_cmake_args.sh)" $(BIN)/python -m pip install -q --no-cache-dir "$(LLAMA_REQ)"
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	$(BIN)/python -m pip install -q --no-deps $(NODEPS)
 	@rm -f $(VENV)/.installed-*

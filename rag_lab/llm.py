@@ -17,12 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .config import LLMParams, cache_dir, file_sha256, quiet_loading
 
 # %% auto #0
-__all__ = ['EMBEDDED_MODELS', 'Messages', 'CacheMode', 'API_PRICES_USD_PER_1M', 'LEDGER', 'BACKENDS', 'ModelError', 'LLMError',
-           'EmbeddedModel', 'distribution_data_files', 'verify_model_file', 'assemble_parts', 'embedded_model_path',
-           'as_messages', 'GenConfig', 'Generation', 'Score', 'LLMCache', 'CallRecord', 'Ledger', 'LLM',
-           'default_threads', 'LlamaCppLLM', 'checkpoint_fingerprint', 'TransformersLLM', 'build_tiny_checkpoint',
-           'RateLimiter', 'retry_call', 'OpenAILLM', 'get_llm', 'extract_json', 'StructuredResult', 'chat_structured',
-           'ParsedAnswer', 'parse_final_answer', 'parse_answer_statement', 'parse_json_verdict', 'tally', 'benchmark']
+__all__ = ['EMBEDDED_MODELS', 'Messages', 'CacheMode', 'API_PRICES_USD_PER_1M', 'LEDGER', 'BACKENDS', 'MAX_JSON_DEPTH',
+           'ModelError', 'LLMError', 'EmbeddedModel', 'distribution_data_files', 'verify_model_file', 'assemble_parts',
+           'embedded_model_path', 'as_messages', 'GenConfig', 'Generation', 'Score', 'CacheError', 'LLMCache',
+           'CallRecord', 'Ledger', 'LLM', 'default_threads', 'LlamaCppLLM', 'checkpoint_fingerprint', 'TransformersLLM',
+           'build_tiny_checkpoint', 'RateLimiter', 'retry_call', 'OpenAILLM', 'get_llm', 'extract_json',
+           'StructuredResult', 'chat_structured', 'ParsedAnswer', 'parse_final_answer', 'parse_answer_statement',
+           'parse_json_verdict', 'tally', 'benchmark']
 
 # %% ../nbs/02_llm.ipynb #e4952da3
 class ModelError(RuntimeError):
@@ -174,19 +175,25 @@ CacheMode = Literal['on', 'off', 'refresh']
 
 def _canonical(obj: Any) -> str: return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(',', ':'))
 
+def _digest(text: str) -> str: return hashlib.sha256(text.encode()).hexdigest()
+
+class CacheError(RuntimeError):
+    "The call cache's database file is unreadable (corrupt, or not a cache)."
+
 class LLMCache:
-    "A process- and thread-safe SQLite store of LLM call results, with hit/miss statistics."
+    "A process- and thread-safe SQLite store of LLM call results; every row carries a checksum of its value."
     def __init__(self, path: Path | str | None = None, # the database file (default: cache_dir('llm')/calls.sqlite)
                  mode: CacheMode | None = None, # default: $RAG_LAB_LLM_CACHE or 'on'
                 ):
         self.path = Path(path) if path else cache_dir('llm') / 'calls.sqlite'
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.mode = self._check_mode(mode or os.environ.get('RAG_LAB_LLM_CACHE', '').strip().lower() or 'on')
-        self.hits = self.misses = self.writes = 0
+        self.hits = self.misses = self.writes = self.rejected = 0
         self._local, self._lock = threading.local(), threading.Lock()
-        with self._conn() as c:
-            c.execute("CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, kind TEXT, backend TEXT, model TEXT, "
-                      "value TEXT NOT NULL, created REAL)")
+        self._sql("CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, kind TEXT, backend TEXT, model TEXT, "
+                  "value TEXT NOT NULL, created REAL, checksum TEXT)")
+        cols = [r[1] for r in self._sql('PRAGMA table_info(calls)').fetchall()]
+        if 'checksum' not in cols: self._sql('ALTER TABLE calls ADD COLUMN checksum TEXT')  # older caches: rows unverified
 
     @staticmethod
     def _check_mode(mode: str) -> str:
@@ -201,34 +208,48 @@ class LLMCache:
             self._local.conn, self._local.pid = c, os.getpid()
         return c
 
+    def _sql(self, query: str, args: tuple = ()) -> sqlite3.Cursor:
+        "Run one statement; a damaged file becomes a `CacheError` that names it and says how to reset it."
+        try: return self._conn().execute(query, args)
+        except sqlite3.DatabaseError as e:
+            if isinstance(e, sqlite3.OperationalError) and 'locked' in str(e): raise
+            raise CacheError(f"The LLM call cache {self.path} is unreadable ({e}). Delete it (and its -wal/-shm files) "
+                             f"to start an empty cache, or point RAG_LAB_CACHE elsewhere; committed records are not "
+                             f"affected.") from None
+
     @staticmethod
     def key(**parts) -> str:
         "The cache key of a call: sha256 of the canonical JSON of its parts."
         return hashlib.sha256(_canonical(parts).encode()).hexdigest()
 
     def get(self, key: str, mode: CacheMode | None = None) -> dict | None:
-        "The stored value, or None (a miss; always None when the mode is off or refresh)."
+        "The stored value, or None: a miss, mode off/refresh, or a row whose checksum fails (dropped and counted)."
         if self._check_mode(mode or self.mode) == 'on':
-            row = self._conn().execute('SELECT value FROM calls WHERE key=?', (key,)).fetchone()
-            if row:
+            row = self._sql('SELECT value, checksum FROM calls WHERE key=?', (key,)).fetchone()
+            if row and row[1] == _digest(row[0]):
                 with self._lock: self.hits += 1
                 return json.loads(row[0])
+            if row:  # altered, or written before rows had checksums: never trusted, recomputed
+                self._sql('DELETE FROM calls WHERE key=?', (key,))
+                with self._lock: self.rejected += 1
         with self._lock: self.misses += 1
         return None
 
     def put(self, key: str, value: dict, mode: CacheMode | None = None, kind: str = '', backend: str = '', model: str = ''):
         "Store `value` under `key` (one atomic statement), unless the mode is off."
         if self._check_mode(mode or self.mode) == 'off': return
-        self._conn().execute('INSERT OR REPLACE INTO calls VALUES (?,?,?,?,?,?)',
-                             (key, kind, backend, model, _canonical(value), time.time()))
+        text = _canonical(value)
+        self._sql('INSERT OR REPLACE INTO calls (key, kind, backend, model, value, created, checksum) VALUES (?,?,?,?,?,?,?)',
+                  (key, kind, backend, model, text, time.time(), _digest(text)))
         with self._lock: self.writes += 1
 
-    def __len__(self) -> int: return self._conn().execute('SELECT COUNT(*) FROM calls').fetchone()[0]
+    def __len__(self) -> int: return self._sql('SELECT COUNT(*) FROM calls').fetchone()[0]
 
     def stats(self) -> dict:
-        "Hits, misses and writes of this process, and the hit rate."
+        "Hits, misses, writes and rejected (checksum-failed) rows of this process, and the hit rate."
         n = self.hits + self.misses
-        return dict(hits=self.hits, misses=self.misses, writes=self.writes, hit_rate=round(self.hits / n, 3) if n else None)
+        return dict(hits=self.hits, misses=self.misses, writes=self.writes, rejected=self.rejected,
+                    hit_rate=round(self.hits / n, 3) if n else None)
 
 # %% ../nbs/02_llm.ipynb #3e95e876
 # USD per 1M (prompt, completion) tokens, OpenAI list prices as published in 2024-08; pass your own table to `cost`.
@@ -740,8 +761,10 @@ def get_llm(params: LLMParams | None = None, # a notebook's parameters (backend,
     return BACKENDS[backend](model, defaults=defaults, **kw)
 
 # %% ../nbs/02_llm.ipynb #0c995333
+MAX_JSON_DEPTH = 64  # deeper nesting is not an answer; json/ast would recurse past Python's limit
+
 def _balanced_json(text: str) -> str | None:
-    "The first balanced {...} or [...] in `text` (string-aware), or None."
+    "The first balanced {...} or [...] in `text` (string-aware), or None; `ValueError` if nested too deep."
     start = next((i for i, ch in enumerate(text) if ch in '{['), None)
     if start is None: return None
     stack, in_str, esc = [], False, False
@@ -752,7 +775,9 @@ def _balanced_json(text: str) -> str | None:
             elif ch == '\\': esc = True
             elif ch == in_str: in_str = False
         elif ch in '"\'': in_str = ch
-        elif ch in '{[': stack.append('}' if ch == '{' else ']')
+        elif ch in '{[':
+            stack.append('}' if ch == '{' else ']')
+            if len(stack) > MAX_JSON_DEPTH: raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
         elif ch in '}]':
             if not stack or stack.pop() != ch: return None
             if not stack: return text[start:i + 1]
@@ -772,7 +797,7 @@ def extract_json(text: str, # model output that should contain one JSON object o
     except json.JSONDecodeError: pass
     try:  # single quotes and Python literals: read it as a Python literal
         return ast.literal_eval(re.sub(r'\btrue\b', 'True', re.sub(r'\bfalse\b', 'False', re.sub(r'\bnull\b', 'None', fixed))))
-    except (ValueError, SyntaxError) as e:
+    except (ValueError, SyntaxError, RecursionError, MemoryError):
         raise ValueError(f"invalid JSON: {blob[:80]!r}") from None
 
 class StructuredResult(BaseModel):

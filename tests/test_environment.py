@@ -30,3 +30,10 @@ def test_makefile_installs_the_nodeps_package_from_settings():
 
 def test_papermill_tag_is_kept_by_nbdev_clean():
     assert _settings()['allowed_cell_metadata_keys'].split(',') == ['tags']
+
+def test_llama_cpp_is_built_without_amx():
+    "llama.cpp's AMX kernels segfault on VMs that report amx_int8 (seen here): the Makefile builds without them."
+    import llama_cpp
+    info = llama_cpp.llama_print_system_info().decode()
+    assert 'AMX_INT8 = 1' not in info, info
+    assert '-DGGML_AMX_INT8=OFF' in (REPO / 'tools' / 'llama_cmake_args.sh').read_text()

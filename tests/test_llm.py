@@ -155,6 +155,27 @@ def test_cache_survives_two_concurrent_writers(tmp_path):
     assert all(vals[f'shared-{i}']['i'] == i for i in range(n // 3))
 
 
+def test_altered_cache_row_is_detected_recomputed_and_counted(tmp_path):
+    cache = LLMCache(tmp_path / 'c.sqlite')
+    llm = LlamaCppLLM(SMOL, n_threads=1, cache=cache, ledger=Ledger())
+    first = llm.chat('Name a colour.', max_tokens=6)
+    con = sqlite3.connect(tmp_path / 'c.sqlite')
+    (key, value), = con.execute('SELECT key, value FROM calls').fetchall()
+    forged = json.loads(value) | {'text': 'FORGED'}
+    con.execute('UPDATE calls SET value = ? WHERE key = ?', (json.dumps(forged), key)); con.commit(); con.close()
+    again = llm.chat('Name a colour.', max_tokens=6)
+    assert again.text == first.text and again.cached is False   # never trusted: recomputed
+    assert cache.stats()['rejected'] == 1
+    assert llm.chat('Name a colour.', max_tokens=6).cached is True  # the recomputed row is good again
+
+
+def test_corrupt_cache_file_is_one_clear_error_naming_it(tmp_path):
+    bad = tmp_path / 'calls.sqlite'
+    bad.write_bytes(os.urandom(8192))
+    with pytest.raises(Exception) as e: LLMCache(bad)
+    assert type(e.value).__name__ == 'CacheError' and str(bad) in str(e.value) and 'Delete it' in str(e.value)
+
+
 # ---------------------------------------------------------------- structured output and parsers
 class Verdict(BaseModel):
     verdict: Literal['SUPPORTS', 'REFUTES', 'NOT ENOUGH INFO']
@@ -183,6 +204,8 @@ def test_extract_json_repairs_and_refuses():
     assert extract_json("Here: {'verdict': 'SUPPORTS', 'sure': true}. Done.") == {'verdict': 'SUPPORTS', 'sure': True}
     for broken in ['{"a": ', 'no json here', '{"a": 1]']:
         with pytest.raises(ValueError): extract_json(broken)
+    for deep in ['[' * 1000 + ']' * 1000, '{"a":' * 2000 + '1' + '}' * 2000]:   # bounded, never a RecursionError
+        with pytest.raises(ValueError, match='nested deeper'): extract_json(deep)
 
 
 def test_parsers_never_default():
