@@ -1160,36 +1160,42 @@ _BENCH_TEXT = ("Aspirin irreversibly inhibits cyclooxygenase, reducing the synth
                "In randomised trials of primary prevention, low-dose aspirin lowered the risk of myocardial infarction "
                "but increased major bleeding, so current guidelines restrict its use to selected adults. ")
 
-def benchmark(model: str = 'qwen2.5-coder-0.5b-instruct-q4_k_m', # an embedded model name or GGUF path
-              prompt_tokens: int = 512, # prompt length for prompt-processing speed
-              gen_tokens: int = 128, # new tokens for generation speed
-              score_tokens: int = 100, # continuation length for the perplexity timing
+def _perf(ll) -> dict:
+    "llama.cpp's own timers for this context: prompt-eval and eval milliseconds and token counts."
+    import llama_cpp
+    d = llama_cpp.llama_perf_context(ll._ctx.ctx)
+    return dict(p_ms=d.t_p_eval_ms, p_n=d.n_p_eval, e_ms=d.t_eval_ms, e_n=d.n_eval)
+
+def benchmark(model: str = 'qwen2.5-coder-1.5b-instruct-q4_k_m', # an embedded model name or GGUF path
+              prompt_tokens: int = 1000, # prompt length for prefill speed and the scored answers
+              gen_tokens: int = 64, # new tokens for decode speed
               n_threads: int | None = None,
-             ) -> dict: # measured speeds and latencies
-    "Prompt-processing and generation tokens/s, cache-hit latency and perplexity time of an embedded model."
-    import numpy as np
+             ) -> pd.DataFrame: # one row per measurement: ours (wall clock, through this package) and llama.cpp's own timer
+    "Prefill and decode tokens/s, and a scored answer with 3 and 4 options, beside llama.cpp's timings of the same work."
+    import llama_cpp
     llm = LlamaCppLLM(model, n_ctx=max(2048, prompt_tokens + gen_tokens + 64), n_threads=n_threads,
-                      cache=LLMCache(Path(tempfile.mkdtemp()) / 'bench.sqlite'), ledger=Ledger())
+                      cache=LLMCache(Path(tempfile.mkdtemp()) / 'bench.sqlite'), ledger=Ledger(), records=CallRecords(tempfile.mkdtemp()))
     ll = llm.llama
     words = ll.tokenize((_BENCH_TEXT * (1 + 2 * prompt_tokens // 40)).encode(), add_bos=False)
-    text = lambda n: ll.detokenize(words[:n]).decode('utf-8', 'ignore')
-    def timed(**kw):
-        ll.reset(); t0 = time.perf_counter()
-        r = ll.create_completion(temperature=0, logit_bias={ll.token_eos(): -1e9}, **kw)
-        return time.perf_counter() - t0, r['usage']
-    timed(prompt=text(16), max_tokens=4)  # warm-up
-    t_pp, u_pp = timed(prompt=text(prompt_tokens), max_tokens=1)
-    t_short, u_s = timed(prompt=text(16), max_tokens=1)
-    t_gen, u_g = timed(prompt=text(16), max_tokens=gen_tokens)
-    llm.chat('Say hello.', max_tokens=8)
-    hits = []
-    for _ in range(20):
-        t0 = time.perf_counter(); llm.chat('Say hello.', max_tokens=8); hits.append(time.perf_counter() - t0)
-    cont = ll.detokenize(words[200:200 + score_tokens]).decode('utf-8', 'ignore')
-    t0 = time.perf_counter(); s = llm.score(text(32), cont, cache='off'); t_ppl = time.perf_counter() - t0
-    return dict(model=model, threads=llm.n_threads,
-                prompt_tokens=u_pp['prompt_tokens'], prompt_tok_per_s=round(u_pp['prompt_tokens'] / t_pp, 1),
-                gen_tokens=u_g['completion_tokens'],
-                gen_tok_per_s=round((u_g['completion_tokens'] - 1) / max(t_gen - t_short, 1e-9), 1),
-                cache_hit_ms=round(float(np.median(hits)) * 1e3, 3),
-                ppl_tokens=s.n_tokens, ppl_seconds=round(t_ppl, 3), perplexity=round(s.perplexity, 2))
+    clear = lambda: (ll.reset(), ll._ctx.kv_cache_seq_rm(-1, 0, -1), llama_cpp.llama_perf_context_reset(ll._ctx.ctx))
+    def run(fn):
+        clear(); t0 = time.perf_counter(); fn(); wall = time.perf_counter() - t0
+        return wall, _perf(ll)
+    run(lambda: llm._eval_prefix([ll.token_bos()] + words[:16]))  # warm-up
+    toks = ([ll.token_bos()] if ll.token_bos() >= 0 else []) + words[:prompt_tokens - 1]
+    rows = []
+    wall, p = run(lambda: llm._eval_prefix(toks))
+    rows.append(dict(measure=f'prefill {len(toks)} tokens', unit='tokens/s', ours=len(toks) / wall, llama_cpp=1e3 * p['p_n'] / p['p_ms']))
+    ctx = ll.detokenize(words[:16]).decode('utf-8', 'ignore')
+    def gen(): ll.create_completion(ctx, max_tokens=gen_tokens, temperature=0, logit_bias={ll.token_eos(): -1e9})
+    wall, p = run(gen)
+    rows.append(dict(measure=f'decode {gen_tokens} tokens', unit='tokens/s', ours=gen_tokens / (wall - 1e-3 * p['p_ms']),
+                     llama_cpp=1e3 * p['e_n'] / p['e_ms']))
+    question = ll.detokenize(words[:prompt_tokens - 60]).decode('utf-8', 'ignore') + '\nIs this about aspirin?'
+    for opts in ([' yes', ' no', ' maybe'], [' A', ' B', ' C', ' D']):
+        wall, p = run(lambda: llm.choose(question, opts, prefix='Answer:', cache='off'))
+        rows.append(dict(measure=f'scored answer, {len(opts)} options, ~{prompt_tokens}-token prompt', unit='seconds',
+                         ours=wall, llama_cpp=1e-3 * (p['p_ms'] + p['e_ms'])))
+    out = pd.DataFrame(rows)
+    out['ours_vs_llama_cpp'] = [o / r if u == 'tokens/s' else r / o for o, r, u in zip(out.ours, out.llama_cpp, out.unit)]
+    return out.assign(model=model, threads=llm.n_threads).round(3)
