@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .config import LLMParams, cache_dir, file_sha256, quiet_loading, repo_root
@@ -21,7 +21,7 @@ __all__ = ['EMBEDDED_MODELS', 'Messages', 'Source', 'CacheMode', 'SHARD_LIMIT', 
            'LOGPROB_TOL', 'PREFILL_CHUNK', 'BACKENDS', 'MAX_JSON_DEPTH', 'ModelError', 'LLMError', 'EmbeddedModel',
            'distribution_data_files', 'verify_model_file', 'assemble_parts', 'embedded_model_path', 'as_messages',
            'GenConfig', 'Generation', 'Score', 'Choice', 'CacheError', 'LLMCache', 'RecordsError', 'CallRecords',
-           'CallRecord', 'Ledger', 'records_mode', 'call_records', 'same_result', 'LLM', 'default_threads',
+           'CallRecord', 'Ledger', 'track', 'records_mode', 'call_records', 'same_result', 'LLM', 'default_threads',
            'LlamaCppLLM', 'checkpoint_fingerprint', 'TransformersLLM', 'build_tiny_checkpoint', 'RateLimiter',
            'retry_call', 'OpenAILLM', 'get_llm', 'extract_json', 'StructuredResult', 'chat_structured', 'ParsedAnswer',
            'parse_final_answer', 'parse_answer_statement', 'parse_json_verdict', 'tally', 'benchmark']
@@ -456,6 +456,48 @@ class Ledger:
     def reset(self): self.records.clear(); self.calls.clear(); self.differs.clear()
 
 LEDGER = Ledger()
+
+# %% ../nbs/02_llm.ipynb #f3c88fc2
+def _write_progress(state: dict) -> None:
+    "Write the stage's progress to $RAG_LAB_PROGRESS (if set) atomically, for `rag-lab reproduce` to display."
+    if not (path := os.environ.get('RAG_LAB_PROGRESS', '').strip()): return
+    tmp = f'{path}.{os.getpid()}.tmp'
+    try:
+        with open(tmp, 'w') as f: json.dump(state, f)
+        os.replace(tmp, path)
+    except OSError: pass  # progress is a courtesy: never fail a run over it
+
+def track(items: Iterable, # the items of one stage, e.g. the questions of a dataset
+          desc: str, # the stage, e.g. 'pubmedqa / full pipeline'
+          total: int | None = None, # default: len(items)
+          ledger: Ledger | None = None, # whose calls to count (default: LEDGER)
+         ) -> Iterator:
+    "Iterate over `items` with a progress bar: done/total, rate, ETA and the stage's calls (computed / replayed)."
+    from tqdm.auto import tqdm
+    led = ledger if ledger is not None else LEDGER
+    total = total if total is not None else (len(items) if hasattr(items, '__len__') else None)
+    start, t0, last = len(led.records), time.perf_counter(), 0.0
+    bar = tqdm(items, desc=desc, total=total, unit='item', dynamic_ncols=True, disable=os.environ.get('RAG_LAB_PROGRESS_BAR') == '0')
+    def report(done: int, final: bool = False):
+        nonlocal last
+        recs = led.records[start:]
+        computed = sum(r.source == 'computed' for r in recs)
+        bar.set_postfix_str(f'calls: {computed} computed, {len(recs) - computed} replayed', refresh=False)
+        now = time.perf_counter()
+        if final or now - last >= 1.0:
+            el = now - t0
+            eta = el / done * (total - done) if done and total else None
+            _write_progress(dict(notebook=os.environ.get('RAG_LAB_NOTEBOOK', ''), stage=desc, done=done, total=total,
+                                 elapsed=round(el, 1), eta=None if eta is None else round(eta, 1), computed=computed,
+                                 replayed=len(recs) - computed, final=final))
+            last = now
+    done = 0
+    try:
+        for item in bar:
+            yield item
+            done += 1; report(done)
+    finally:
+        report(done, final=True); bar.close()
 
 # %% ../nbs/02_llm.ipynb #f17a0efd
 RecordsMode = Literal['replay', 'fresh', 'off']
