@@ -9,13 +9,14 @@ from pathlib import Path
 from datetime import datetime, timezone
 from importlib import metadata
 from typing import Any, Literal
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, TypeAdapter, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, TypeAdapter, field_validator, model_validator
 
 # %% auto #0
-__all__ = ['DEFAULT_SEED', 'PROFILES', 'PAPERS', 'Backend', 'PARAM_SCHEMAS', 'PROFILE_DEFAULTS', 'repo_root', 'data_root',
-           'cache_dir', 'out_root', 'seed_everything', 'quiet_loading', 'NotebookParams', 'LLMParams',
+__all__ = ['DEFAULT_SEED', 'SEED_MAX', 'PROFILES', 'PAPERS', 'Backend', 'PARAM_SCHEMAS', 'PROFILE_DEFAULTS', 'repo_root',
+           'data_root', 'cache_dir', 'out_root', 'seed_everything', 'quiet_loading', 'NotebookParams', 'LLMParams',
            'ReasonVerifyParams', 'ClaimAwareParams', 'Rag2Params', 'VeriragParams', 'PubmedReasonerParams',
-           'resolve_params', 'parse_param', 'package_versions', 'git_commit', 'file_sha256', 'RunInfo', 'run_params']
+           'resolve_params', 'parse_param', 'package_versions', 'git_commit', 'file_sha256', 'RunInfo', 'run_params',
+           'injected_parameters', 'notebook_params']
 
 # %% ../nbs/00_config.ipynb #55ea4637
 def repo_root(start: Path | str | None = None, # where to start looking (default: the working directory)
@@ -49,12 +50,12 @@ def out_root(out_dir: str | Path | None = None) -> Path:
 
 # %% ../nbs/00_config.ipynb #0ccaffd4
 DEFAULT_SEED = 42
+SEED_MAX = 2**32 - 1  # NumPy's legacy seeding and torch accept 0..2**32-1
 
 def seed_everything(seed: int = DEFAULT_SEED # the seed for `random`, NumPy and torch (if imported)
                    ) -> int:
     "Seed every random number generator in use; returns the seed."
-    random.seed(seed)
-    os.environ['PYTHONHASHSEED'] = str(seed)
+    random.seed(seed)  # (string hashing is seeded by PYTHONHASHSEED when a process starts: the runner sets it for kernels)
     try:
         import numpy as np; np.random.seed(seed)
     except ImportError: pass
@@ -97,9 +98,8 @@ class NotebookParams(BaseModel):
     "Parameters every paper notebook accepts."
     model_config = ConfigDict(extra='forbid', validate_assignment=True)
     profile: Literal['smoke', 'default', 'paper'] = 'default'
-    seed: int = Field(DEFAULT_SEED, ge=0)
-    n: int | None = Field(None, ge=1, description="evaluation items to run; None = all")
-    out_dir: str | None = None
+    seed: int = Field(DEFAULT_SEED, ge=0, le=SEED_MAX)
+    n: int | None = Field(None, ge=1, le=1_000_000, description="evaluation items to run; None = all")
 
 class LLMParams(NotebookParams):
     "Parameters of notebooks that call a language model."
@@ -112,11 +112,11 @@ class LLMParams(NotebookParams):
 class ReasonVerifyParams(LLMParams):
     "Reason and Verify (paper 1)."
     datasets: str = 'bioasq,pubmedqa'
-    bm25_k: int = Field(20, ge=1)
-    rerank_m: int = Field(5, ge=1)
+    bm25_k: int = Field(20, ge=1, le=1000)
+    rerank_m: int = Field(5, ge=1, le=100)
     max_shots: int = Field(4, ge=0, le=8)
-    n_verify: int = Field(4, ge=0, description="rationales per dataset verified under CONTEXT-1..5 by both verifiers")
-    passage_words: int = Field(90, ge=10, description="words kept per passage in the prompt")
+    n_verify: int = Field(4, ge=0, le=100_000, description="rationales per dataset verified under CONTEXT-1..5 by both verifiers")
+    passage_words: int = Field(90, ge=10, le=2000, description="words kept per passage in the prompt")
     reranker: Literal['minilm', 'bge'] = 'minilm'
     reranker_model: str | None = Field(None, description="cross-encoder path or hub id for reranker='bge'")
     tau_ovlp: float = Field(0.3, ge=0, le=1)
@@ -131,28 +131,33 @@ class ReasonVerifyParams(LLMParams):
     @classmethod
     def _known_datasets(cls, v: str) -> str: return _comma_list_of(v, {'bioasq', 'pubmedqa'}, 'datasets')
 
+    @model_validator(mode='after')
+    def _rerank_within_candidates(self):
+        if self.rerank_m > self.bm25_k: raise ValueError(f"rerank_m ({self.rerank_m}) cannot exceed bm25_k ({self.bm25_k})")
+        return self
+
 class ClaimAwareParams(NotebookParams):
     "Claim-aware SciFact RAG (paper 2); no LLM."
-    dense_epochs: int = Field(40, ge=1)
-    bm25_topk: int = Field(200, ge=1)
-    rrf_k: int = Field(60, ge=1)
+    dense_epochs: int = Field(40, ge=1, le=1000)
+    bm25_topk: int = Field(200, ge=1, le=10_000)
+    rrf_k: int = Field(60, ge=1, le=10_000)
 
 class Rag2Params(LLMParams):
     "RAG² (paper 3)."
     datasets: str = 'medqa,medmcqa,mmlu'
     helpful_quantile: float = Field(0.25, gt=0, lt=1)
     require_gain: bool = Field(False, description="HELPFUL also needs ΔPPL > 0 (stricter than the paper's top-quantile rule)")
-    top_k: int = Field(3, ge=1, description="snippets in the prompt (RAG² and MedRAG-style)")
-    per_corpus: int = Field(10, ge=1, description="balanced retrieval: candidates from each corpus before reranking")
+    top_k: int = Field(3, ge=1, le=64, description="snippets in the prompt (RAG² and MedRAG-style)")
+    per_corpus: int = Field(10, ge=1, le=1000, description="balanced retrieval: candidates from each corpus before reranking")
     query_variant: Literal['rationale', 'question', 'question+rationale'] = 'rationale'
     rerank_query: Literal['question', 'rationale'] = 'question'
-    train_n: int = Field(24, ge=2, description="MedMCQA training questions labelled by ΔPPL for the filter")
+    train_n: int = Field(24, ge=2, le=1_000_000, description="MedMCQA training questions labelled by ΔPPL for the filter")
     filter_threshold: float | None = Field(None, gt=0, lt=1, description="filter probability above which a snippet is kept; None = calibrated on out-of-fold filter probabilities of the training pairs to keep the helpful_quantile share")
-    label_k: int = Field(3, ge=1, description="snippets labelled per training question")
+    label_k: int = Field(3, ge=1, le=64, description="snippets labelled per training question")
     filter_model: str = Field('minilm', description="'minilm' (embedded) or a seq2seq checkpoint, e.g. google/flan-t5-large")
     topk_grid: str = '1,3'
-    corpus_docs: int | None = Field(None, ge=1, description="documents kept per source corpus; None = all")
-    snippet_words: int = Field(100, ge=10)
+    corpus_docs: int | None = Field(None, ge=1, le=100_000_000, description="documents kept per source corpus; None = all")
+    snippet_words: int = Field(100, ge=10, le=2000)
     table5_models: str = Field('smollm2-135m-instruct-q4_1', description="other embedded generators for Table 5, comma-separated")
 
     @field_validator('datasets')
@@ -162,7 +167,7 @@ class Rag2Params(LLMParams):
 class VeriragParams(LLMParams):
     "VERIRAG (paper 4)."
     claim_sets: str = 'scifact,healthver,covidfact'
-    n_train: int = Field(4, ge=2, description="training claims for calibrating alpha, lambda, C and the Ridge threshold model")
+    n_train: int = Field(4, ge=2, le=100_000, description="training claims for calibrating alpha, lambda, C and the Ridge threshold model")
     scenarios: str = 'TY0,TY1,TY3,TY5'
 
     @field_validator('claim_sets', 'scenarios')
@@ -173,10 +178,10 @@ class VeriragParams(LLMParams):
 
 class PubmedReasonerParams(LLMParams):
     "PubMed Reasoner (paper 5)."
-    batch_size: int = Field(5, ge=1)
-    max_articles: int = Field(20, ge=1)
-    critic_iters: int = Field(3, ge=0, description="self-critic rounds (0: no self-critic)")
-    n_mmlu: int | None = Field(None, ge=0, description="MMLU clinical-knowledge questions; None = all 265, 0 = none")
+    batch_size: int = Field(5, ge=1, le=100)
+    max_articles: int = Field(20, ge=1, le=1000)
+    critic_iters: int = Field(3, ge=0, le=20, description="self-critic rounds (0: no self-critic)")
+    n_mmlu: int | None = Field(None, ge=0, le=100_000, description="MMLU clinical-knowledge questions; None = all 265, 0 = none")
     exclude_source: bool = Field(True, description="never retrieve a PubMedQA question's own source abstract")
     eutils_url: str | None = Field(None, description="E-utilities base URL; None = the local service over the local corpus")
     relax_empty: bool | None = Field(None, description="retry zero-hit retrievals with terms ORed; None = on for the local service only")
@@ -311,6 +316,30 @@ def run_params(slug: str, # paper slug
                **overrides) -> tuple[NotebookParams, RunInfo]:
     "Resolve, validate and seed a paper notebook's parameters; start its run record."
     if profile is None: profile = 'smoke' if os.environ.get('IN_TEST') else 'default'
-    p = resolve_params(slug, profile, **overrides)
+    try: p = resolve_params(slug, profile, **overrides)
+    except ValidationError as e:
+        raise ValueError(f"bad parameter value(s) for {slug}: " + '; '.join(
+            f"{'.'.join(map(str, x['loc'])) or 'parameters'}: {x['msg']} (got {x.get('input')!r})" for x in e.errors())) from None
     seed_everything(p.seed)
     return p, RunInfo.start(p, slug)
+
+def injected_parameters(namespace: dict, # a notebook kernel's globals()
+                       ) -> dict[str, Any]: # name -> value of what papermill injected; {} when nothing was
+    "The parameters papermill injected into this kernel (the cell it adds after `parameters` starts with '# Parameters')."
+    import ast
+    for src in reversed(namespace.get('In') or []):  # IPython's input history
+        if isinstance(src, str) and src.lstrip().startswith('# Parameters'):
+            names = [t.id for node in ast.parse(src).body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                     for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)]
+            return {n: namespace.get(n) for n in names}
+    return {}
+
+def notebook_params(slug: str, # paper slug
+                    namespace: dict, # the notebook's globals(): its `parameters` cell and anything papermill injected
+                   ) -> tuple[NotebookParams, RunInfo]:
+    "A paper notebook's parameters from its namespace: a misspelt injected name is refused with the valid ones, values validated."
+    fields = _schema(slug).model_fields
+    unknown = sorted(set(injected_parameters(namespace)) - set(fields))
+    if unknown: raise ValueError(f"unknown parameter(s) {unknown} for {slug}; valid: {', '.join(fields)}")
+    values = {k: namespace[k] for k in fields if k in namespace}
+    return run_params(slug, values.pop('profile', None), **values)

@@ -135,8 +135,9 @@ def verifier_training_pairs(claims: Mapping[str, str], # training claims {qid: t
     rng = np.random.default_rng(seed)
     pairs, labels = [], []
     for q, text in claims.items():
-        rel = set(relevant.get(q, ()))
-        golds = pseudo_gold(text, list(rel))
+        rel_ids = list(dict.fromkeys(relevant.get(q, ())))   # qrels order, not set order (which depends on the hash seed)
+        rel = set(rel_ids)
+        golds = pseudo_gold(text, rel_ids)
         pool = [s for d in [d for d in bm25_run.get(q, {}) if d not in rel][:neg_docs] for s in doc_sentences(corpus, d)]
         for g in golds:
             pairs.append((text, g)); labels.append(1)

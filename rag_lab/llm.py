@@ -21,9 +21,10 @@ __all__ = ['EMBEDDED_MODELS', 'Messages', 'Source', 'CacheMode', 'SHARD_LIMIT', 
            'LOGPROB_TOL', 'PREFILL_CHUNK', 'BACKENDS', 'MAX_JSON_DEPTH', 'ModelError', 'LLMError', 'EmbeddedModel',
            'distribution_data_files', 'verify_model_file', 'assemble_parts', 'embedded_model_path', 'as_messages',
            'GenConfig', 'Generation', 'Score', 'Choice', 'CacheError', 'LLMCache', 'RecordsError', 'CallRecords',
-           'CallRecord', 'Ledger', 'track', 'records_mode', 'call_records', 'same_result', 'LLM', 'default_threads',
-           'LlamaCppLLM', 'checkpoint_fingerprint', 'TransformersLLM', 'build_tiny_checkpoint', 'RateLimiter',
-           'retry_call', 'OpenAILLM', 'get_llm', 'extract_json', 'StructuredResult', 'chat_structured', 'ParsedAnswer',
+           'CallRecord', 'Ledger', 'track', 'records_mode', 'call_records', 'same_result', 'LLM', 'Recorder',
+           'start_recording', 'finish_recording', 'prune_records', 'default_threads', 'LlamaCppLLM', 'verify_records',
+           'checkpoint_fingerprint', 'TransformersLLM', 'build_tiny_checkpoint', 'RateLimiter', 'retry_call',
+           'OpenAILLM', 'get_llm', 'extract_json', 'StructuredResult', 'chat_structured', 'ParsedAnswer',
            'parse_final_answer', 'parse_answer_statement', 'parse_json_verdict', 'tally', 'benchmark']
 
 # %% ../nbs/02_llm.ipynb #e4952da3
@@ -588,6 +589,7 @@ class LLM:
         self.ledger.add(CallRecord(self.ledger.current, kind, self.backend, self.model, tokens[0], tokens[1],
                                    value.get('seconds', 0.0), wall, source != 'computed', key, source),
                         req, value)
+        if source == 'computed' and _RECORDER is not None and _RECORDER.ledger is self.ledger: _RECORDER.maybe_flush()
 
     def chat_many(self, prompts: Sequence[str | Sequence[dict]], # prompts or message lists
                   temperature: float | None = None, max_tokens: int | None = None,
@@ -675,6 +677,65 @@ def _default_cache() -> LLMCache:
     c = _cache_at(str(cache_dir('llm') / 'calls.sqlite'))
     c.mode = LLMCache._check_mode(os.environ.get('RAG_LAB_LLM_CACHE', '').strip().lower() or 'on')
     return c
+
+# %% ../nbs/02_llm.ipynb #9e3407f1
+class Recorder:
+    "Writes a run's calls into its records folder: periodically while it runs and when it finishes."
+    def __init__(self, slug: str, profile: str, # the folder: records/<slug>/<profile>
+                 ledger: Ledger | None = None, records: CallRecords | None = None,
+                 every: float | None = None, # seconds between flushes (default $RAG_LAB_RECORD_EVERY or 600)
+                ):
+        self.slug, self.profile = slug, profile
+        self.ledger = ledger if ledger is not None else LEDGER
+        self.records = records if records is not None else call_records()
+        self.every = every if every is not None else float(os.environ.get('RAG_LAB_RECORD_EVERY', '') or 600)
+        self.last, self.written = time.monotonic(), 0
+
+    def _new_calls(self) -> dict[str, dict]:
+        "Calls of this run that no record holds yet (computed now, or read from this machine's cache)."
+        return {k: c for k, c in list(self.ledger.calls.items()) if self.records.get(k) is None}
+
+    def maybe_flush(self) -> None:
+        if time.monotonic() - self.last >= self.every: self.flush()
+
+    def flush(self, final: bool = False) -> int:
+        "Merge the new calls into the folder; at the end also write the keys of every call the run used."
+        new = self._new_calls()
+        if new: self.records.write(self.slug, self.profile, new); self.written += len(new)
+        if final:
+            d = self.records.folder(self.slug, self.profile); d.mkdir(parents=True, exist_ok=True)
+            blob = _gz_lines(sorted(self.ledger.calls))
+            if not (d / 'used.txt.gz').exists() or (d / 'used.txt.gz').read_bytes() != blob: (d / 'used.txt.gz').write_bytes(blob)
+        self.last = time.monotonic()
+        return len(new)
+
+_RECORDER: Recorder | None = None
+
+def start_recording(slug: str, profile: str, **kw) -> Recorder | None:
+    "Record this run's calls into records/<slug>/<profile> if $RAG_LAB_RECORD is 1; returns the recorder (or None)."
+    global _RECORDER
+    _RECORDER = Recorder(slug, profile, **kw) if os.environ.get('RAG_LAB_RECORD', '').strip() == '1' else None
+    return _RECORDER
+
+def finish_recording() -> int:
+    "Write what the active recorder has not written yet, and the keys the run used; returns calls written in all."
+    global _RECORDER
+    if _RECORDER is None: return 0
+    _RECORDER.flush(final=True)
+    n, _RECORDER = _RECORDER.written, None
+    return n
+
+def prune_records(records: CallRecords | None = None) -> dict[str, int]:
+    "Drop every record that no folder's `used.txt.gz` lists (the calls no notebook run uses any more)."
+    records = records if records is not None else call_records()
+    used = {k for f in sorted(records.root.glob('*/*/used.txt.gz')) for k in _read_gz_lines(f)}
+    out = {}
+    for d in sorted(p.parent for p in records.root.glob('*/*/calls-*.jsonl.gz')):
+        if str(d) in out: continue
+        before = len(records.read_folder(d.parent.name, d.name))
+        out[str(d)] = before - records.write(d.parent.name, d.name, {}, keep_only=used)
+    records._index = None
+    return out
 
 # %% ../nbs/02_llm.ipynb #c500f2b7
 def _log_softmax(logits) -> 'np.ndarray':
@@ -818,6 +879,41 @@ class LlamaCppLLM(LLM):
             first = self._eval_prefix(ctx)
             lps = [self._continuation(len(ctx), first, c) for c in conts]
         return dict(logprobs=[float(sum(l)) for l in lps], n_tokens=[len(c) for c in conts], context_tokens=len(ctx))
+
+# %% ../nbs/02_llm.ipynb #640c106d
+def _llm_for(request: dict, cache_dir_: Path) -> 'LLM | None':
+    "A backend that can recompute a recorded call on this machine (embedded models only), or None."
+    if request.get('backend') != 'llamacpp': return None
+    name = next((n for n, m in EMBEDDED_MODELS.items() if request.get('model') == f'sha256:{m.sha256}'), None)
+    if name is None: return None
+    return LlamaCppLLM(name, cache=LLMCache(cache_dir_ / 'verify.sqlite', mode='off'), ledger=Ledger(),
+                       records=CallRecords(cache_dir_ / 'no-records'))
+
+def verify_records(sample: int = 20, # records to recompute
+                   seed: int = 0, # which random sample
+                   records: CallRecords | None = None,
+                  ) -> pd.DataFrame: # one row per recomputed call: kind, agree, largest log-probability difference
+    "Recompute a random sample of recorded calls and compare each with its record (`same_result`)."
+    records = records if records is not None else call_records()
+    keys = sorted(records._load())
+    picked = random.Random(seed).sample(keys, min(sample, len(keys)))
+    rows, tmp = [], Path(tempfile.mkdtemp(prefix='rag_lab_verify_'))
+    for k in picked:
+        rec = records._load()[k]; req = rec['request']
+        llm = _llm_for(req, tmp)
+        if llm is None:
+            rows.append(dict(key=k[:12], kind=req['kind'], agree=True, max_abs_diff=float('nan'), note='not recomputable here (remote or unknown model)')); continue
+        t0 = time.perf_counter()
+        if req['kind'] == 'chat':
+            cfg = {f: req[f] for f in GenConfig.model_fields if f in req}
+            new = llm.chat(req['messages'], **cfg, cache='off').model_dump()
+        elif req['kind'] == 'score': new = llm.score(req['context'], req['continuation'], cache='off').model_dump()
+        else: new = llm.choose(req['context'], req['options'], prefix=req['prefix'], cache='off').model_dump()
+        old = rec['value']
+        diff = max((abs(a - b) for a, b in zip(new.get('logprobs', []), old.get('logprobs', []))), default=0.0)
+        rows.append(dict(key=k[:12], kind=req['kind'], agree=same_result(req['kind'], new, old), max_abs_diff=diff,
+                         note=f'{time.perf_counter() - t0:.1f} s'))
+    return pd.DataFrame(rows, columns=['key', 'kind', 'agree', 'max_abs_diff', 'note'])
 
 # %% ../nbs/02_llm.ipynb #6f933c9c
 def checkpoint_fingerprint(path: Path | str, # a checkpoint folder (or a single weights file)

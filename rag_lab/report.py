@@ -9,11 +9,12 @@ from pathlib import Path
 from importlib import resources
 import numpy as np
 import pandas as pd
-from .config import NotebookParams, RunInfo, out_root, run_params
+from .config import NotebookParams, RunInfo, notebook_params, out_root, run_params
+from .llm import LEDGER, finish_recording, start_recording
 
 # %% auto #0
 __all__ = ['PAPER_SLUGS', 'RESULT_COLUMNS', 'INDEX_MAX_ROWS', 'parse_reported', 'paper_table', 'atomic_write_text',
-           'markdown_table', 'with_delta', 'Results', 'start_run', 'set_style', 'write_index']
+           'markdown_table', 'with_delta', 'Results', 'start_run', 'start_notebook', 'set_style', 'write_index']
 
 # %% ../nbs/03_report.ipynb #ca90c1a0
 PAPER_SLUGS = ('reason_verify', 'claim_aware', 'rag2', 'verirag', 'pubmed_reasoner')
@@ -84,16 +85,17 @@ def with_delta(df: pd.DataFrame) -> pd.DataFrame:
 class Results:
     "Writes one paper's tables, figures and run metadata under the results contract."
     def __init__(self, run: RunInfo, # the run record (slug, profile, params)
-                 out_dir: str | Path | None = None, # default: params' out_dir, else $RAG_LAB_OUT, else the repo
+                 out_dir: str | Path | None = None, # default: $RAG_LAB_OUT (the runner's staging folder), else the repo
                 ):
         if run.slug not in PAPER_SLUGS: raise ValueError(f"unknown paper slug {run.slug!r}; known: {PAPER_SLUGS}")
         self.run, self.slug = run, run.slug
-        explicit = out_dir or run.params.get('out_dir') or os.environ.get('RAG_LAB_OUT')
+        explicit = out_dir or os.environ.get('RAG_LAB_OUT')
         # under nbdev_test with no output folder named, smoke outputs go to a temp folder, not over committed reports
         root = out_root(explicit) if explicit or not os.environ.get('IN_TEST') else Path(tempfile.mkdtemp(prefix='rag_lab_test_'))
         self.report_dir, self.figure_dir = root / 'reports' / self.slug, root / 'figures' / self.slug
         self.tables: dict[str, pd.DataFrame] = {}
         self.figures: list[str] = []
+        start_recording(self.slug, run.profile)   # a no-op unless $RAG_LAB_RECORD is 1
 
     def table(self, name: str, # table file stem; paper values come from the paper's CSV of the same name
               ours: pd.DataFrame, # our numbers: columns row, metric, ours (+ optional n, model, note per row)
@@ -160,9 +162,11 @@ class Results:
         return self.figure_dir / f'{name}.png'
 
     def finish(self) -> RunInfo:
-        "Stamp wall time and write `run_meta.json` (with the list of tables and figures)."
+        "Stamp wall time, record the run's LLM calls (if recording) and write `run_meta.json`."
         self.run.finish()
-        meta = self.run.model_dump() | dict(tables=sorted(self.tables), figures=self.figures)
+        recorded = finish_recording()
+        calls = LEDGER.sources() | dict(recorded=recorded) if LEDGER.records else None
+        meta = self.run.model_dump() | dict(tables=sorted(self.tables), figures=self.figures, llm_calls=calls)
         atomic_write_text(self.report_dir / 'run_meta.json', json.dumps(meta, indent=1, default=str))
         return self.run
 
@@ -170,7 +174,16 @@ def start_run(slug: str, # paper slug
               profile: str | None = None, # None: 'smoke' under nbdev_test, else 'default'
               **overrides) -> tuple[NotebookParams, Results]:
     "Resolve and validate a paper notebook's parameters, seed everything, and open its `Results`."
+    if overrides.pop('out_dir', None) is not None:
+        raise ValueError("out_dir is not a parameter: outputs go where `rag-lab reproduce --out` says (staged, then published)")
     p, run = run_params(slug, profile, **overrides)
+    return p, Results(run)
+
+def start_notebook(slug: str, # paper slug
+                   namespace: dict, # the notebook's globals(): its parameters cell and what papermill injected
+                  ) -> tuple[NotebookParams, Results]:
+    "`start_run` for a paper notebook: parameters read from its namespace, a misspelt injected name refused."
+    p, run = notebook_params(slug, namespace)
     return p, Results(run)
 
 # %% ../nbs/03_report.ipynb #1d4328ca

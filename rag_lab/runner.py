@@ -4,13 +4,16 @@
 
 # %% ../nbs/04_runner.ipynb #84715fd0
 from __future__ import annotations
-import argparse, os, shutil, sys, time
+import argparse, fcntl, html, json, os, shutil, sys, tempfile, threading, time
+from contextlib import contextmanager
 from pathlib import Path
 from .config import PAPERS, PROFILES, parse_param, repo_root, out_root
 from .report import write_index
 
 # %% auto #0
-__all__ = ['UsageError', 'notebook_parameters', 'plan_run', 'run_notebook', 'reproduce', 'report', 'main']
+__all__ = ['KERNEL_HASHSEED', 'RECORDED_PROFILES', 'UsageError', 'notebook_parameters', 'plan_run', 'check_out_root',
+           'output_lock', 'kernel_env', 'progress_line', 'run_notebook', 'reproduce', 'report', 'records_command',
+           'main']
 
 # %% ../nbs/04_runner.ipynb #76b25fee
 class UsageError(ValueError):
@@ -44,6 +47,8 @@ def plan_run(only: list[str] | None, # slugs to run; None = every paper notebook
     for item in params:
         if '=' not in item: raise UsageError(f"parameter {item!r} is not of the form name=value")
         name, value = item.split('=', 1)
+        if name.rsplit('.', 1)[-1] == 'profile':
+            raise UsageError(f"parameter {item!r}: choose the profile with --profile, not -p (one way, no conflict)")
         targets = slugs
         if '.' in name:
             slug, name = name.split('.', 1)
@@ -59,6 +64,35 @@ def plan_run(only: list[str] | None, # slugs to run; None = every paper notebook
         if undeclared: raise UsageError(f"{PAPERS[s]} does not expose parameter(s) {sorted(undeclared)} in its parameters cell")
     return plan
 
+def check_out_root(out: str | Path | None, # --out, or None for the repository
+                  ) -> Path: # the output root, created and writable
+    "Refuse an output root that is a file or cannot be written, before any work starts."
+    root = out_root(out)
+    if root.exists() and not root.is_dir(): raise UsageError(f"--out {root} is an existing file, not a folder")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root, prefix='.rag-lab-write-test-'): pass
+    except OSError as e: raise UsageError(f"--out {root} is not writable: {e.strerror or e}") from None
+    return root
+
+@contextmanager
+def output_lock(root: Path, # the output root
+                wait: bool = False, # wait for a running reproduce instead of failing
+               ):
+    "Hold an exclusive lock on an output root: a second run into the same folder fails clearly (or waits)."
+    path = root / '.rag-lab.lock'
+    f = open(path, 'a+')
+    try:
+        try: fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            f.seek(0); holder = f.read().strip() or 'unknown'
+            raise UsageError(f"{root} is being written by another `rag-lab reproduce` (pid {holder}); wait for it "
+                             f"(--wait) or choose another --out") from None
+        f.seek(0); f.truncate(); f.write(str(os.getpid())); f.flush()
+        yield path
+    finally:
+        f.close()
+
 # %% ../nbs/04_runner.ipynb #656c385f
 def _replace_dir(src: Path, dest: Path) -> None:
     "Move `src` to `dest`, replacing it; the old `dest` is removed only after the move succeeded."
@@ -69,32 +103,70 @@ def _replace_dir(src: Path, dest: Path) -> None:
     shutil.move(str(src), str(dest))
     if old.exists(): shutil.rmtree(old)
 
+KERNEL_HASHSEED = '0'  # string hashing in notebook kernels: fixed, so no run differs from another by set order
+
+@contextmanager
+def kernel_env(**env: str | None):
+    "Set environment variables that the notebook kernel inherits (None removes one); restore them afterwards."
+    before = {k: os.environ.get(k) for k in env}
+    try:
+        for k, v in env.items():
+            if v is None: os.environ.pop(k, None)
+            else: os.environ[k] = str(v)
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None: os.environ.pop(k, None)
+            else: os.environ[k] = v
+
+def _fmt_s(s) -> str:
+    if s is None: return '?'
+    s = int(s); return f'{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}' if s >= 3600 else f'{s // 60}:{s % 60:02d}'
+
+def progress_line(slug: str, state: dict) -> str:
+    "One terminal line from a kernel's progress file: stage, done/total, rate, ETA, calls computed/replayed."
+    done, total, el = state.get('done', 0), state.get('total'), state.get('elapsed') or 0
+    rate = f'{el / done:.1f} s/item' if done else '-'
+    return (f"  [{slug}] {state.get('stage', '?')}: {done}/{total if total is not None else '?'} items, {rate}, "
+            f"ETA {_fmt_s(state.get('eta'))} (calls: {state.get('computed', 0)} computed, {state.get('replayed', 0)} replayed)")
+
+def _watch(path: Path, slug: str, stop: threading.Event, every: float = 5.0) -> None:
+    "Print the kernel's progress whenever it changes (at most every `every` seconds) until `stop` is set."
+    last = None
+    while not stop.wait(every):
+        try: state = json.loads(path.read_text())
+        except (OSError, ValueError): continue
+        line = progress_line(slug, state)
+        if line != last: print(line, flush=True); last = line
+
 def run_notebook(slug: str, # paper slug
                  params: dict, # papermill parameters (profile included)
                  nbs_dir: Path, # folder with the notebooks (the kernel's working directory)
                  out: Path, # output root: reports/ and figures/ go here
-                 progress: bool = True, # papermill's per-cell progress bar
+                 progress: bool = True, # print each LLM stage's progress (done/total, ETA) while the notebook runs
+                 env: dict[str, str | None] | None = None, # more environment for the kernel (records mode, recording)
                 ) -> str:
-    "Execute one paper notebook; publish its outputs only if it succeeds. Returns 'ok' or the error."
+    "Execute one paper notebook in its own staging folder; publish its outputs only if it succeeds. Returns 'ok' or the error."
     import papermill as pm
     nb = PAPERS[slug]
-    staging = out / '.staging' / slug
-    shutil.rmtree(staging, ignore_errors=True); staging.mkdir(parents=True)
+    staging = Path(tempfile.mkdtemp(prefix=f'.staging-{slug}-', dir=out))  # one per run: concurrent runs never share it
     executed = out / 'reports' / 'executed' / nb
     executed.parent.mkdir(parents=True, exist_ok=True)
-    env_before = os.environ.get('RAG_LAB_OUT')
-    os.environ['RAG_LAB_OUT'] = str(staging)   # the kernel inherits this: outputs land in staging
+    prog, stop = staging / 'progress.json', threading.Event()
+    watcher = threading.Thread(target=_watch, args=(prog, slug, stop), daemon=True)
     try:
-        pm.execute_notebook(str(nbs_dir / nb), str(executed), parameters=params, cwd=str(nbs_dir),
-                            kernel_name='python3', progress_bar=progress, log_output=False)
+        with kernel_env(RAG_LAB_OUT=str(staging), PYTHONHASHSEED=KERNEL_HASHSEED, RAG_LAB_PROGRESS=str(prog),
+                        RAG_LAB_NOTEBOOK=slug, **(env or {})):
+            if progress: watcher.start()
+            pm.execute_notebook(str(nbs_dir / nb), str(executed), parameters=params, cwd=str(nbs_dir),
+                                kernel_name='python3', progress_bar=False, log_output=False)
         status = 'ok'
     except pm.PapermillExecutionError as e:
         status = f"failed in cell {e.exec_count}: {e.ename}: {e.evalue}".strip()
     except Exception as e:
         status = f"failed: {type(e).__name__}: {e}"
     finally:
-        if env_before is None: os.environ.pop('RAG_LAB_OUT', None)
-        else: os.environ['RAG_LAB_OUT'] = env_before
+        stop.set()
     if status == 'ok':
         for kind in ('reports', 'figures'):
             if (staging / kind / slug).exists(): _replace_dir(staging / kind / slug, out / kind / slug)
@@ -102,6 +174,8 @@ def run_notebook(slug: str, # paper slug
     return status
 
 # %% ../nbs/04_runner.ipynb #98ca7aeb
+RECORDED_PROFILES = ('smoke', 'default')  # profiles whose LLM calls are committed under records/
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog='rag-lab', description='Regenerate the tables and figures of the rag_lab papers.')
     sub = ap.add_subparsers(dest='cmd', required=True)
@@ -111,37 +185,60 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument('-p', '--param', action='append', default=[], metavar='NAME=VALUE',
                    help='notebook parameter (name=value for all selected, slug.name=value for one)')
     r.add_argument('--out', help='write reports/ and figures/ under this folder instead of the repository')
+    r.add_argument('--wait', action='store_true', help='wait for another reproduce writing to the same folder')
+    r.add_argument('--fresh', action='store_true', help='recompute every LLM call instead of replaying records '
+                   '(resumable: calls already computed on this machine are reused); report calls that differ from their record')
+    r.add_argument('--record', action='store_true', help='write the LLM calls into records/ (always on for the default profile)')
     r.add_argument('--notebooks', help='folder with the paper notebooks (default: the repository nbs/)')
-    r.add_argument('--no-progress', action='store_true', help='no per-cell progress bar')
+    r.add_argument('--no-progress', action='store_true', help='no progress lines while notebooks run')
     h = sub.add_parser('report', help='render executed notebooks and the index as HTML')
     h.add_argument('--out', help='output root used by `reproduce --out`')
+    rc = sub.add_parser('records', help='the committed records of LLM calls')
+    rc.add_argument('action', choices=('stats', 'verify', 'prune'), help='stats: size and counts; verify: recompute a '
+                    'random sample and compare; prune: drop records no notebook run uses')
+    rc.add_argument('--sample', type=int, default=20, help='verify: records to recompute (default 20)')
+    rc.add_argument('--seed', type=int, default=0, help='verify: which random sample')
     return ap
 
 def reproduce(profile: str = 'default', only: list[str] | None = None, params: list[str] = (),
-              out: str | None = None, notebooks: str | None = None, progress: bool = True) -> int:
+              out: str | None = None, notebooks: str | None = None, progress: bool = True,
+              fresh: bool = False, record: bool = False, wait: bool = False) -> int:
     "Validate, run the selected notebooks, write the index; 0 if all succeeded, 1 if any failed, 2 on bad usage."
-    from tqdm.auto import tqdm
     nbs_dir = Path(notebooks).resolve() if notebooks else repo_root() / 'nbs'
     try:
         if profile not in PROFILES: raise UsageError(f"unknown profile {profile!r}; choose from {', '.join(PROFILES)}")
         plan = plan_run(only, list(params), nbs_dir)
+        if record and profile not in RECORDED_PROFILES: raise UsageError(f"--record is for the {' and '.join(RECORDED_PROFILES)} profiles")
+        root = check_out_root(out)
+        lock = output_lock(root, wait); lock.__enter__()
     except UsageError as e:
         print(f"rag-lab: error: {e}", file=sys.stderr); return 2
-    root = out_root(out)
-    status, t0 = {}, time.time()
-    bar = tqdm(plan.items(), desc='notebooks', unit='nb')
-    for slug, p in bar:
-        bar.set_postfix_str(slug)
-        t = time.time()
-        status[slug] = run_notebook(slug, {'profile': profile, **p}, nbs_dir, root, progress)
-        print(f"{'OK    ' if status[slug] == 'ok' else 'FAILED'} {slug} ({time.time() - t:.0f} s)"
-              + ('' if status[slug] == 'ok' else f": {status[slug]}"), flush=True)
-    idx = write_index(root, status)
+    env = dict(RAG_LAB_RECORDS='fresh' if fresh else None,
+               RAG_LAB_RECORD='1' if record or (profile == 'default' and not params and out is None) else None)
+    try:
+        status, t0 = {}, time.time()
+        for i, (slug, p) in enumerate(plan.items(), 1):
+            print(f"[{i}/{len(plan)}] {slug} ({profile})", flush=True)
+            t = time.time()
+            status[slug] = run_notebook(slug, {'profile': profile, **p}, nbs_dir, root, progress, env)
+            print(f"{'OK    ' if status[slug] == 'ok' else 'FAILED'} {slug} ({time.time() - t:.0f} s)"
+                  + ('' if status[slug] == 'ok' else f": {status[slug]}") + _calls_note(root, slug, status[slug]), flush=True)
+        idx = write_index(root, status)
+    finally:
+        lock.__exit__(None, None, None)
     failed = {s: m for s, m in status.items() if m != 'ok'}
     print(f"\n{len(status) - len(failed)} notebook(s) succeeded, {len(failed)} failed in {time.time() - t0:.0f} s; index: {idx}")
     for s, m in failed.items():
         print(f"  {s}: {m}\n    executed copy: {root / 'reports' / 'executed' / PAPERS[s]}", file=sys.stderr)
     return 1 if failed else 0
+
+def _calls_note(root: Path, slug: str, status: str) -> str:
+    "How the run's LLM calls were served, from its run_meta.json."
+    try: c = json.loads((root / 'reports' / slug / 'run_meta.json').read_text()).get('llm_calls') if status == 'ok' else None
+    except (OSError, ValueError): c = None
+    if not c: return ''
+    note = f"; LLM calls: {c['distinct']} distinct, {c['record']} replayed from records, {c['cache']} from the cache, {c['computed']} computed"
+    return note + (f", {c['differs_from_record']} DIFFER from their record" if c.get('differs_from_record') else '')
 
 def report(out: str | None = None) -> int:
     "Render `reports/executed/*.ipynb` to HTML and `reports/index.md` to `reports/index.html`."
@@ -157,8 +254,9 @@ def report(out: str | None = None) -> int:
     for nb in sorted((root / 'reports' / 'executed').glob('*.ipynb')):
         body, _ = HTMLExporter().from_notebook_node(nbformat.read(nb, as_version=4))
         (html_dir / f'{nb.stem}.html').write_text(body, encoding='utf-8')
-        links.append(f'<li><a href="html/{nb.stem}.html">{nb.stem}</a></li>')
-    md = MarkdownIt('commonmark').enable('table').render(idx.read_text())
+        links.append(f'<li><a href="html/{html.escape(nb.stem, quote=True)}.html">{html.escape(nb.stem)}</a></li>')
+    # raw HTML in the index (error texts, table cells from data) is shown as text, never interpreted
+    md = MarkdownIt('commonmark', {'html': False}).enable('table').render(idx.read_text())
     page = (f'<!doctype html><meta charset="utf-8"><title>rag_lab report</title>'
             '<style>body{font-family:sans-serif;max-width:75em;margin:auto}table{border-collapse:collapse}'
             'td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:48em}</style>'
@@ -167,9 +265,29 @@ def report(out: str | None = None) -> int:
     print(f"report: {root / 'reports' / 'index.html'}")
     return 0
 
+def records_command(action: str, sample: int = 20, seed: int = 0) -> int:
+    "`rag-lab records stats|verify|prune`."
+    from rag_lab.llm import call_records, prune_records, verify_records
+    recs = call_records()
+    if action == 'prune':
+        for folder, n in prune_records(recs).items(): print(f"{folder}: {n} record(s) dropped")
+        return 0
+    if action == 'stats':
+        files = sorted(recs.root.glob('*/*/calls-*.jsonl.gz'))
+        print(f"{len(recs)} records in {len(files)} files, {sum(f.stat().st_size for f in files) / 1e6:.1f} MB "
+              f"(largest {max((f.stat().st_size for f in files), default=0) / 1e6:.2f} MB); {len(recs.tampered)} failed their checksum")
+        return 0
+    v = verify_records(sample, seed, recs)
+    print(v.to_string(index=False))
+    bad = int((~v.agree).sum())
+    print(f"\n{len(v) - bad}/{len(v)} recomputed calls agree with their records"
+          + (f"; {len(recs.tampered)} tampered line(s) were not replayed" if recs.tampered else ''))
+    return 1 if bad else 0
+
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `rag-lab` command."
     a = _parser().parse_args(argv)
     if a.cmd == 'reproduce':
-        return reproduce(a.profile, a.only, a.param, a.out, a.notebooks, not a.no_progress)
+        return reproduce(a.profile, a.only, a.param, a.out, a.notebooks, not a.no_progress, a.fresh, a.record, a.wait)
+    if a.cmd == 'records': return records_command(a.action, a.sample, a.seed)
     return report(a.out)

@@ -29,6 +29,11 @@ def _run(*args, cwd=None):
     (['-p', 'n=abc', '--only', 'reason_verify'], 'bad value'),
     (['-p', 'n=0', '--only', 'reason_verify'], 'bad value'),
     (['-p', 'n', '--only', 'reason_verify'], 'name=value'),
+    (['-p', 'seed=4294967296', '--only', 'reason_verify'], 'less than or equal to 4294967295'),
+    (['-p', 'bm25_k=100000', '--only', 'reason_verify'], 'less than or equal to 1000'),
+    (['-p', 'profile=paper', '--only', 'reason_verify'], 'with --profile, not -p'),
+    (['-p', 'reason_verify.profile=paper', '--only', 'reason_verify'], 'with --profile, not -p'),
+    (['-p', 'out_dir=/etc', '--only', 'reason_verify'], 'unknown parameter'),
 ])
 def test_bad_requests_exit_2_before_running(args, msg, tmp_path):
     r = _run('reproduce', *args, '--out', str(tmp_path))
@@ -87,3 +92,72 @@ def test_paper_notebook_exposes_its_whole_schema_to_papermill(slug):
     logging.disable(logging.WARNING)
     try: assert set(pm.inspect_notebook(str(path))) == declared   # comments papermill cannot parse would drop names
     finally: logging.disable(logging.NOTSET)
+
+
+@pytest.mark.parametrize('make_out,msg', [
+    (lambda t: (t / 'afile').write_text('x') and t / 'afile', 'is an existing file'),
+    (lambda t: Path('/proc/rag_lab_cannot_write_here'), 'is not writable'),
+])
+def test_bad_output_folder_is_one_clear_error_before_any_work(make_out, msg, tmp_path):
+    out = make_out(tmp_path)
+    r = _run('reproduce', '--only', 'reason_verify', '--out', str(out))
+    assert r.returncode == 2 and msg in r.stderr and 'Traceback' not in r.stderr, r.stderr
+
+
+def test_a_second_run_into_the_same_folder_fails_clearly_while_the_first_holds_it(tmp_path):
+    from rag_lab.runner import output_lock, reproduce
+    nbs, out = tmp_path / 'nbs', tmp_path / 'out'; nbs.mkdir(); out.mkdir()
+    _paper_nb(nbs / '10_reason_verify.ipynb', WRITE_TABLE)
+    with output_lock(out):     # a first run is writing here
+        r = _run('reproduce', '--notebooks', str(nbs), '--profile', 'smoke', '--out', str(out), '--no-progress')
+    assert r.returncode == 2 and 'being written by another' in r.stderr and str(os.getpid()) in r.stderr
+    assert not (out / 'reports').exists()
+    assert _run('reproduce', '--notebooks', str(nbs), '--profile', 'smoke', '--out', str(out), '--no-progress').returncode == 0
+
+
+def test_concurrent_runs_into_one_folder_never_lose_tables(tmp_path):
+    "Two runs started together: one runs, the other waits (--wait) and then runs; both tables are there, no staging left."
+    nbs, out = tmp_path / 'nbs', tmp_path / 'out'; nbs.mkdir()
+    _paper_nb(nbs / '10_reason_verify.ipynb', WRITE_TABLE + "import time; time.sleep(2)\n")
+    procs = [subprocess.Popen([str(BIN / 'rag-lab'), 'reproduce', '--notebooks', str(nbs), '--profile', 'smoke', '-p', f'n={n}',
+                               '--out', str(out), '--no-progress', '--wait'], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for n in (3, 4)]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs
+    assert (out / 'reports' / 'reason_verify' / 'table2.csv').exists()
+    assert not [p for p in out.iterdir() if p.name.startswith('.staging')]
+
+
+def test_kernels_start_with_a_fixed_hash_seed(tmp_path):
+    nbs, out = tmp_path / 'nbs', tmp_path / 'out'; nbs.mkdir()
+    _paper_nb(nbs / '10_reason_verify.ipynb', WRITE_TABLE + "import os; open(os.environ['RAG_LAB_OUT'] + '/../seed.txt', 'w').write(os.environ.get('PYTHONHASHSEED', 'unset'))\n")
+    env = {**os.environ, 'PYTHONHASHSEED': 'random'}
+    r = subprocess.run([str(BIN / 'rag-lab'), 'reproduce', '--notebooks', str(nbs), '--profile', 'smoke', '--out', str(out),
+                        '--no-progress'], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    from rag_lab.runner import KERNEL_HASHSEED
+    assert (out / 'seed.txt').read_text() == KERNEL_HASHSEED
+
+
+def test_misspelt_parameter_given_to_papermill_directly_stops_the_notebook(tmp_path):
+    "Without the runner's checks: papermill only warns about an unknown parameter; the notebook itself refuses it."
+    import papermill as pm
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell('profile = None\nseed = None\nn = None', metadata={'tags': ['parameters']}),
+        nbformat.v4.new_code_cell("from rag_lab.report import start_notebook\nP, res = start_notebook('reason_verify', globals())")])
+    nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'}
+    nbformat.write(nb, tmp_path / 'nb.ipynb')
+    with pytest.raises(pm.PapermillExecutionError) as e:
+        pm.execute_notebook(str(tmp_path / 'nb.ipynb'), str(tmp_path / 'out.ipynb'), parameters=dict(profile='smoke', sed=3),
+                            progress_bar=False, kernel_name='python3')
+    assert "unknown parameter(s) ['sed']" in str(e.value) and 'valid: profile, seed, n' in str(e.value)
+
+
+def test_html_report_escapes_text_from_errors_and_data(tmp_path):
+    from rag_lab.report import write_index
+    from rag_lab.runner import report
+    (tmp_path / 'reports').mkdir()
+    write_index(tmp_path, status={'rag2': 'failed: ValueError: <script>alert(1)</script>'})
+    assert report(str(tmp_path)) == 0
+    page = (tmp_path / 'reports' / 'index.html').read_text()
+    assert '<script>' not in page and '&lt;script&gt;' in page
