@@ -99,6 +99,16 @@ def _check(p: Path, f: DataFile) -> None:
                         f"different version; delete it and fetch it again. {_how_to_get(f)}")
     _verified[key] = got
 
+def _extract_member(archive: Path, member: str, zip_: bool, dest: Path) -> None:
+    "Copy one member of a zip or tar archive to `dest` (raises the archive library's own errors)."
+    if zip_:
+        with zipfile.ZipFile(archive) as z, z.open(member) as src, open(dest, 'wb') as out: shutil.copyfileobj(src, out)
+    else:
+        with tarfile.open(archive) as t:
+            src = t.extractfile(member)
+            if src is None: raise KeyError(f"{member} is not a regular file in the archive")
+            with src, open(dest, 'wb') as out: shutil.copyfileobj(src, out)
+
 def _download(f: DataFile, dest: Path, timeout: float = 60) -> None:
     "Download `f` (or its archive member) to `dest` atomically: verified in a temp folder, then moved."
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -112,8 +122,11 @@ def _download(f: DataFile, dest: Path, timeout: float = 60) -> None:
         got = raw
         if f.member:
             got = Path(tmp) / 'member'
-            opener = zipfile.ZipFile(raw).open if f.url.endswith('.zip') else tarfile.open(raw).extractfile
-            with opener(f.member) as src, open(got, 'wb') as out: shutil.copyfileobj(src, out)
+            try: _extract_member(raw, f.member, zip_=f.url.endswith('.zip'), dest=got)
+            except (tarfile.TarError, zipfile.BadZipFile, KeyError, EOFError, OSError, ValueError) as e:
+                raise DataError(f"Downloaded {f.url} but could not read {f.member} from it ({type(e).__name__}: {e}): "
+                                f"the archive is damaged, truncated or laid out differently; nothing was kept. "
+                                f"Try again later, or {_how_to_get(f)}") from None
         if (h := file_sha256(got)) != f.sha256:
             raise DataError(f"Downloaded {f.path} from {f.url} but its sha256 is {h}, expected {f.sha256}; "
                             f"nothing was kept. {_how_to_get(f)}")

@@ -16,13 +16,17 @@ from .llm import RateLimiter
 from .retrieval import BM25Index, Corpus, Document, tokenize
 
 # %% auto #0
-__all__ = ['FIELD_TAGS', 'DATE_FIELDS', 'OPERATORS', 'MESH_FIELDS', 'LOCAL_FIELDS', 'NCBI_EUTILS', 'QuerySyntaxError', 'Term',
-           'Token', 'lex_query', 'BoolNode', 'date_range', 'parse_query', 'render_query', 'query_terms',
-           'normalize_query', 'mesh_terms', 'scope_query', 'compose_query', 'UnsupportedFieldError', 'LocalPubMed',
-           'esearch_xml', 'efetch_xml', 'LocalEutilsServer', 'PubMedError', 'PubMedQueryError', 'Article',
-           'SearchResult', 'PubMedClient']
+__all__ = ['MAX_QUERY_CHARS', 'MAX_QUERY_DEPTH', 'MAX_QUERY_TERMS', 'FIELD_TAGS', 'DATE_FIELDS', 'OPERATORS', 'MESH_FIELDS',
+           'LOCAL_FIELDS', 'MAX_POST_BYTES', 'NCBI_EUTILS', 'QuerySyntaxError', 'Term', 'Token', 'lex_query',
+           'BoolNode', 'date_range', 'parse_query', 'render_query', 'query_terms', 'normalize_query', 'mesh_terms',
+           'scope_query', 'compose_query', 'UnsupportedFieldError', 'LocalPubMed', 'esearch_xml', 'efetch_xml',
+           'LocalEutilsServer', 'PubMedError', 'PubMedQueryError', 'Article', 'SearchResult', 'PubMedClient']
 
 # %% ../nbs/09f_pubmed.ipynb #71a201e5
+MAX_QUERY_CHARS = 4000   # longer than any query a person or an LLM here writes; NCBI caps URLs at a few thousand too
+MAX_QUERY_DEPTH = 32     # nesting of parentheses
+MAX_QUERY_TERMS = 256    # terms (phrases and word runs) in one query
+
 class QuerySyntaxError(ValueError):
     "A PubMed query that cannot be parsed; the message says where and why."
 
@@ -86,6 +90,7 @@ def lex_query(query: str, # a PubMed query
              ) -> list[Token]:
     "Tokens of `query`: parentheses, upper-case operators and terms (word runs / phrases with their field tag)."
     if not isinstance(query, str): raise TypeError(f"a query must be a string, not {type(query).__name__}")
+    if len(query) > MAX_QUERY_CHARS: raise QuerySyntaxError(f"query of {len(query)} characters; at most {MAX_QUERY_CHARS} are accepted")
     toks: list[Token] = []; words: list[tuple[str, int]] = []; i = 0
     def flush(field_: str = 'all'):
         if words: toks.append(Token('term', Term(' '.join(w for w, _ in words), field_, False, words[0][1]), words[0][1]))
@@ -121,7 +126,17 @@ def lex_query(query: str, # a PubMed query
         else:
             flush(); toks.append(Token(kind, m[kind], start))
     flush()
+    _check_size(toks)
     return toks
+
+def _check_size(toks: list[Token]) -> None:
+    "Refuse queries too deep or too long to evaluate (deeper than NCBI would ever need; recursion stays bounded)."
+    depth = deepest = 0
+    for t in toks:
+        depth += (t.kind == 'lp') - (t.kind == 'rp'); deepest = max(deepest, depth)
+    if deepest > MAX_QUERY_DEPTH: raise QuerySyntaxError(f"parentheses nested {deepest} deep; at most {MAX_QUERY_DEPTH} are accepted")
+    if (n := sum(t.kind == 'term' for t in toks)) > MAX_QUERY_TERMS:
+        raise QuerySyntaxError(f"query of {n} terms; at most {MAX_QUERY_TERMS} are accepted")
 
 # %% ../nbs/09f_pubmed.ipynb #4875be70
 @dataclass(frozen=True)
@@ -199,6 +214,7 @@ def normalize_query(query: str, # a drafted query (e.g. an LLM's)
                     vocabulary: MeshVocabulary | None = None, # MeSH for rule 4; default MeSH 2024
                    ) -> str: # a query `parse_query` accepts
     "QueryNormalize: repair operators and parentheses, map [mesh] terms to MeSH (else [tiab]), render canonically."
+    if not isinstance(query, str): raise QuerySyntaxError(f"a query must be a string, not {type(query).__name__}")
     vocab = vocabulary or mesh_vocabulary()
     toks = [t for t in lex_query(query.replace('\u201c', '"').replace('\u201d', '"'), strict=False)
             if not (t.kind == 'term' and not t.value.text.strip())]
@@ -419,6 +435,8 @@ def efetch_xml(docs: Sequence[Document], vocabulary: MeshVocabulary | None = Non
     return b'<?xml version="1.0" ?>\n' + ET.tostring(root, encoding='utf-8')
 
 # %% ../nbs/09f_pubmed.ipynb #4f4d77e7
+MAX_POST_BYTES = 1 << 20  # the local service reads at most 1 MiB of request body
+
 class LocalEutilsServer:
     "A local, E-utilities-compatible PubMed (esearch + efetch) over a `LocalPubMed`."
     def __init__(self, pubmed: LocalPubMed | None = None, # default: LocalPubMed over biomedical_corpus()
@@ -442,14 +460,18 @@ class LocalEutilsServer:
                 self.send_header('Content-Length', str(len(body))); self.end_headers(); self.wfile.write(body)
             def _params(self) -> dict:
                 url = urllib.parse.urlsplit(self.path)
-                q = urllib.parse.parse_qs(url.query)
+                q = urllib.parse.parse_qs(url.query, errors='strict')
                 if self.command == 'POST':
                     n = int(self.headers.get('Content-Length') or 0)
-                    q.update(urllib.parse.parse_qs(self.rfile.read(n).decode()))
+                    if not 0 <= n <= MAX_POST_BYTES: raise ValueError(f"request body of {n} bytes; at most {MAX_POST_BYTES} are accepted")
+                    q.update(urllib.parse.parse_qs(self.rfile.read(n).decode('utf-8'), errors='strict'))
                 return {k: v[-1] for k, v in q.items()} | {'_path': url.path}
             def _serve(self):
                 server.requests += 1
-                p = self._params(); path = p['_path'].rstrip('/').rsplit('/', 1)[-1]
+                try: p = self._params()
+                except (UnicodeDecodeError, ValueError) as e:  # as NCBI: a 400 with a message, never a dropped connection
+                    return self._send(400, esearch_xml(error=f'unreadable request: {e}'))
+                path = p['_path'].rstrip('/').rsplit('/', 1)[-1]
                 if path not in ('esearch.fcgi', 'efetch.fcgi'):
                     return self._send(404, esearch_xml(error=f'unknown E-utility {p["_path"]!r}; this service offers esearch.fcgi and efetch.fcgi'))
                 if p.get('db', 'pubmed') != 'pubmed':
@@ -464,8 +486,8 @@ class LocalEutilsServer:
                     ids = [i.strip() for i in p.get('id', '').split(',') if i.strip()]
                     if not ids: return self._send(400, esearch_xml(error='Empty id list - nothing todo'))
                     return self._send(200, efetch_xml(server.pubmed.fetch(ids), server.pubmed.vocab))
-                except (QuerySyntaxError, ValueError) as e:
-                    return self._send(400, esearch_xml(error=str(e)))
+                except (QuerySyntaxError, ValueError, RecursionError) as e:
+                    return self._send(400, esearch_xml(error=str(e) or type(e).__name__))
             do_GET = do_POST = _serve
         return Handler
 
@@ -510,19 +532,44 @@ class SearchResult:
     query_translation: str = ''
     not_found: list[str] = field(default_factory=list)
 
+class _TooLarge(Exception): pass
+
+def _read_within(req: urllib.request.Request, deadline: float, max_bytes: int) -> bytes:
+    "Open `req` and read its whole body within `deadline` seconds in all (headers included), at most `max_bytes` bytes."
+    box: dict = {}
+    def work():
+        try:
+            with urllib.request.urlopen(req, timeout=deadline) as r:
+                chunks, n = [], 0
+                while not box.get('abort') and (b := r.read1(65536)):   # read1: whatever has arrived, even one byte
+                    n += len(b)
+                    if n > max_bytes: raise _TooLarge(f"{n} bytes read")
+                    chunks.append(b)
+                box['body'] = b''.join(chunks)
+        except BaseException as e: box['error'] = e
+    t = threading.Thread(target=work, daemon=True, name='eutils-request')
+    t.start(); t.join(deadline)
+    if t.is_alive():   # a server dripping bytes: give up at the deadline (the reader stops at its next chunk)
+        box['abort'] = True
+        raise TimeoutError(f"no complete answer within {deadline:g} s")
+    if 'error' in box: raise box['error']
+    return box['body']
+
 class PubMedClient:
     "NCBI E-utilities client (esearch/efetch) with rate limiting, retries and clear errors."
     def __init__(self, base_url: str = NCBI_EUTILS, # e.g. LocalEutilsServer.base_url
                  api_key: str | None = None, # default: $NCBI_API_KEY
                  requests_per_second: float | None = None, # default: NCBI policy, 3 (10 with an API key)
-                 retries: int = 3, backoff: float = 0.5, timeout: float = 30,
+                 retries: int = 3, backoff: float = 0.5,
+                 timeout: float = 30, # seconds for one whole request (connect, send, every read): a slow drip cannot stall
+                 max_bytes: int = 50_000_000, # largest answer accepted
                  validate: bool = True, # parse queries locally before sending
                  tool: str = 'rag_lab', email: str | None = None):
         self.base_url = base_url.rstrip('/')
         self.api_key = api_key if api_key is not None else (os.environ.get('NCBI_API_KEY') or None)
         rate = requests_per_second or (10.0 if self.api_key else 3.0)
         self.limiter = RateLimiter(rate)
-        self.retries, self.backoff, self.timeout, self.validate = retries, backoff, timeout, validate
+        self.retries, self.backoff, self.timeout, self.validate, self.max_bytes = retries, backoff, timeout, validate, max_bytes
         self.tool, self.email = tool, email
         self.counts = {'esearch': 0, 'efetch': 0}
         self._lock = threading.Lock()
@@ -538,7 +585,7 @@ class PubMedClient:
             req = urllib.request.Request(url, data=data.encode() if post else None) if post else urllib.request.Request(f'{url}?{data}')
             wait = None
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as r: return r.read()
+                return _read_within(req, self.timeout, self.max_bytes)
             except urllib.error.HTTPError as e:
                 body = e.read()
                 if e.code == 429 or e.code >= 500:
@@ -547,6 +594,8 @@ class PubMedClient:
                     msg = _error_message(body)
                     if e.code == 400 and msg: raise PubMedQueryError(f"{utility.removesuffix('.fcgi')} refused the request: {msg}") from None
                     raise PubMedError(f"{utility} at {self.base_url} answered HTTP {e.code}: {msg or body[:200]!r}") from None
+            except _TooLarge as e:
+                raise PubMedError(f"{utility} at {self.base_url} sent more than {self.max_bytes} bytes; refused ({e})") from None
             except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
                 wait, why = 0.0, f'{type(e).__name__}: {getattr(e, "reason", e)}'
             if attempt == self.retries:

@@ -92,3 +92,26 @@ def test_no_download_source_says_how_to_get_it(empty_cache):
 def test_bad_arguments_are_value_errors(call):
     with pytest.raises(ValueError):
         call()
+
+def _corrupt_archives(root: Path) -> dict:
+    "Archives that fail to open in three ways: not a tar at all, a truncated zip, and a tar without the member."
+    (root / 'bad.tar.gz').write_bytes(b'this is not a tar archive' * 20)
+    good_zip = io.BytesIO()
+    import zipfile
+    with zipfile.ZipFile(good_zip, 'w') as z: z.writestr('data/corpus.jsonl', '{"doc_id": 1}\n' * 100)
+    (root / 'cut.zip').write_bytes(good_zip.getvalue()[:60])
+    with tarfile.open(root / 'other.tar.gz', 'w:gz') as t:
+        info = tarfile.TarInfo('data/something_else.jsonl'); info.size = 2; t.addfile(info, io.BytesIO(b'{}'))
+    return {'bad.tar.gz': 'ReadError', 'cut.zip': 'BadZipFile', 'other.tar.gz': 'KeyError'}
+
+@pytest.mark.parametrize('name', ['bad.tar.gz', 'cut.zip', 'other.tar.gz'])
+def test_broken_archive_is_one_clear_error_and_leaves_nothing(name, empty_cache, http_dir, monkeypatch):
+    root, url = http_dir
+    raw_error = _corrupt_archives(root)[name]
+    _register(monkeypatch, DataFile('toy/corpus.jsonl', '2' * 64, 'test', f'{url}/{name}', 'data/corpus.jsonl'))
+    with pytest.raises(DataError) as e:
+        data_path('toy/corpus.jsonl')
+    msg = str(e.value)
+    assert f'{url}/{name}' in msg and 'data/corpus.jsonl' in msg and raw_error in msg and 'nothing was kept' in msg
+    assert 'RAG_LAB_DATA' in msg                               # what to do about it
+    assert list((empty_cache / 'toy').iterdir()) == []          # no temp folder, no partial file

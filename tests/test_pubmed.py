@@ -273,3 +273,73 @@ def test_statement_citation_coverage():
     a = audit_citations('A holds [PMID: 1]. B holds too. [PMID: 1, 2] C is invented [PMID: 7]. D has none.', ['1', '2'], ['1'])
     assert (a['statements'], a['statements_cited'], a['statement_coverage']) == (4, 2, 0.5)
     assert a['never_retrieved'] == ['7'] and a['grounded']
+
+
+# ---------------------------------------------------------------- hostile input: bounded, answered, never a dropped connection
+import socket, urllib.request
+
+def _raw_post(server, body: bytes) -> tuple[int, bytes]:
+    req = urllib.request.Request(f'{server.base_url}/esearch.fcgi', data=body, method='POST')
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r: return r.status, r.read()
+    except urllib.error.HTTPError as e: return e.code, e.read()
+
+@pytest.mark.parametrize('query,why', [
+    ('(' * 600 + 'asthma' + ')' * 600, 'nested 600 deep'),
+    (' OR '.join(f't{i}' for i in range(300)), 'query of 300 terms'),
+    ('asthma ' * 1000, 'characters; at most'),
+])
+def test_oversized_queries_get_a_400_with_a_message_and_the_service_goes_on(server, client, query, why):
+    from urllib.parse import urlencode
+    status, body = _raw_post(server, urlencode(dict(db='pubmed', term=query)).encode())
+    assert status == 400 and why in body.decode(), body[:300]
+    with pytest.raises(QuerySyntaxError, match=why.split()[0]): normalize_query(query)   # the normaliser's own error only
+    assert client.esearch('asthma[mesh]').count == 2            # still serving
+
+def test_invalid_utf8_body_gets_a_400(server, client):
+    status, body = _raw_post(server, b'db=pubmed&term=asthma\xff\xfe')
+    assert status == 400 and b'unreadable request' in body
+    assert client.esearch('asthma[mesh]').count == 2
+
+def _slow_server(behaviour):
+    "A one-shot TCP server on localhost: `behaviour(conn)` answers the first connection."
+    srv = socket.socket(); srv.bind(('127.0.0.1', 0)); srv.listen(4)
+    def serve():
+        while True:
+            try: conn, _ = srv.accept()
+            except OSError: return
+            threading.Thread(target=behaviour, args=(conn,), daemon=True).start()
+    threading.Thread(target=serve, daemon=True).start()
+    return srv, f'http://127.0.0.1:{srv.getsockname()[1]}'
+
+def _drip(conn):
+    try:
+        conn.recv(65536)
+        conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Type: text/xml\r\nContent-Length: 100000\r\n\r\n')
+        for _ in range(600): conn.sendall(b'<'); time.sleep(0.2)   # one byte every 0.2 s: each read is quick
+    except OSError: pass
+    finally: conn.close()
+
+def _flood(conn):
+    try:
+        conn.recv(65536)
+        conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Type: text/xml\r\n\r\n')
+        for _ in range(100): conn.sendall(b'x' * 65536)
+    except OSError: pass
+    finally: conn.close()
+
+def test_a_server_that_drips_bytes_hits_the_total_deadline():
+    srv, url = _slow_server(_drip)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(PubMedError, match='within 1 s'):
+            PubMedClient(url, requests_per_second=200, retries=1, backoff=0.01, timeout=1).esearch('asthma')
+        assert time.monotonic() - t0 < 6
+    finally: srv.close()
+
+def test_an_oversized_answer_is_refused():
+    srv, url = _slow_server(_flood)
+    try:
+        with pytest.raises(PubMedError, match='sent more than 100000 bytes'):
+            PubMedClient(url, requests_per_second=200, retries=0, max_bytes=100_000).esearch('asthma')
+    finally: srv.close()
