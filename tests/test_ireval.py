@@ -31,9 +31,20 @@ def test_bad_runs():
     assert per_query(QRELS, {'q1': RUN['q1'], 'q2': {}}, 'ndcg@10')['q2'] == 0.0
     assert ir_metrics(QRELS, {'q1': RUN['q1']}, ['recall@5'])['recall@5'] == 0.5
 
-def test_compare_runs_ci_contains_diff_and_detects_no_difference():
-    c = compare_runs(QRELS, RUN, RUN, 'ndcg@10')
-    assert c['diff'] == 0 and c['lo'] == 0 and c['hi'] == 0
+def test_compare_runs_against_a_hand_computed_example():
+    "Per-query nDCG@10 worked out by hand; the paired difference is their mean, inside its bootstrap interval."
+    qrels = {'a': {'x'}, 'b': {'y'}, 'c': {'z'}, 'd': {'w'}}
+    better = {q: {d: 2.0, 'n': 1.0} for q, d in (('a', 'x'), ('b', 'y'), ('c', 'z'), ('d', 'w'))}   # relevant at rank 1
+    worse = {'a': {'n': 2.0, 'x': 1.0}, 'b': {'n': 2.0, 'y': 1.0}, 'c': {'z': 2.0, 'n': 1.0}, 'd': {'n': 2.0, 'w': 1.0}}
+    # nDCG@10 with one relevant document: 1 at rank 1, 1/log2(3) at rank 2
+    by_hand = np.mean([1 - 1 / math.log2(3)] * 3 + [0.0])
+    c = compare_runs(qrels, better, worse, 'ndcg@10', n_boot=2000)
+    assert math.isclose(c['a'], 1.0) and math.isclose(c['b'], (3 / math.log2(3) + 1) / 4)
+    assert math.isclose(c['diff'], by_hand, rel_tol=1e-12)
+    assert c['lo'] <= c['diff'] <= c['hi'] and c['lo'] >= 0        # never worse on any query: the interval stays >= 0
+    assert math.isclose(compare_runs(qrels, worse, better, 'ndcg@10')['diff'], -by_hand, rel_tol=1e-12)
+    same = compare_runs(QRELS, RUN, RUN, 'ndcg@10')
+    assert same['diff'] == 0 and same['lo'] == 0 and same['hi'] == 0
 
 # --- selective answering ------------------------------------------------------------------------------------------
 def test_gate_sweep_counts():

@@ -91,12 +91,21 @@ def test_save_load_roundtrip(bm25, corpus, tmp_path):
 def test_tokenize_is_lowercase_alnum(text):
     assert all(t.isascii() and t.isalnum() and t == t.lower() for t in tokenize(text))
 
-@given(st.lists(words, max_size=50), st.integers(1, 10), st.integers(1, 10))
-def test_windows_cover_every_token(toks, size, stride):
-    ws = sliding_windows(toks, size, min(stride, size))
-    assert sum(ws, []) == [] if not toks else sorted({i for i in range(len(toks))}) == list(range(len(toks)))
-    assert all(len(w) <= size for w in ws)
-    if toks: assert ws[0] == toks[:size] and ws[-1] == toks[-min(size, len(toks)):]
+@given(st.integers(0, 60), st.integers(1, 10), st.integers(1, 10))
+def test_windows_cover_every_token(n, size, stride):
+    "Windows are contiguous, in order, of full size, and together cover every position (tokens named by position)."
+    stride = min(stride, size)        # stride > size skips tokens by design
+    toks = [f't{i}' for i in range(n)]
+    ws = sliding_windows(toks, size, stride)
+    if n == 0:
+        assert ws == []; return
+    pos = [[int(t[1:]) for t in w] for w in ws]
+    assert {i for p in pos for i in p} == set(range(n))                       # every token is in some window
+    assert all(p == list(range(p[0], p[0] + len(p))) for p in pos)            # each window is a contiguous slice
+    assert all(len(p) == min(size, n) for p in pos)                           # full windows only
+    starts = [p[0] for p in pos]
+    assert starts == sorted(set(starts)) and all(b - a <= stride for a, b in zip(starts, starts[1:]))
+    assert ws[0] == toks[:size] and ws[-1] == toks[-min(size, n):]
 
 def test_sentence_filter():
     assert split_sentences('Ok. ' * 5) == []
