@@ -973,6 +973,7 @@ class TransformersLLM(LLM):
         for s in range(0, len(batch), self.batch_size):
             texts = [self.render(m) for m in batch[s:s + self.batch_size]]
             enc = self.tok(texts, return_tensors='pt', padding=True, add_special_tokens=False).to(self.device)
+            enc.pop('token_type_ids', None)   # some tokenizers add them; causal LMs' generate() refuses them
             torch.manual_seed(cfg.seed)
             sample = cfg.temperature > 0
             t0 = time.perf_counter()
