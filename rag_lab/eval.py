@@ -63,14 +63,16 @@ def parse_mirage_output(raw: str | None, # one published model output (a JSON st
     p = parse_option(str(choice), options)
     return ParsedOption(p.letter, p.status if p.status != 'missing' else 'unparseable', raw)
 
-def mirage_locate_answer(raw: str | None) -> str:
-    "MIRAGE's evaluation protocol (their `locate_answer`), re-implemented for comparison: defaults to 'A'."
-    if raw is None: return 'A'
+def mirage_locate_answer(raw: str | None, # one raw model output (None: the model gave none)
+                         default: str | None = 'A', # what MIRAGE returns when it finds no answer: 'A' (None to detect that case)
+                        ) -> str | None:
+    "MIRAGE's evaluation protocol (their `locate_answer`), re-implemented for comparison: a missing output and an answer it cannot find both count as 'A'."
+    if raw is None: return default
     s = raw.split('"answer_choice": "')[-1].strip()
     for pat in [r'^\s*([A-D])$', r'^\s*([A-D]) or', r'^\s*([A-D]) and', r'^\s*([A-D])/', r'^\s*([A-D]),',
                 r'[Oo]ption ([A-D])', r':\s*([A-D])', r'^\s*([A-D])\.', r'^\s*([A-D])"', r'^\s*([A-D]):']:
         if m := re.findall(pat, s): return m[0].upper()
-    return 'A'
+    return default
 
 # %% ../nbs/05_eval.ipynb #b4fa8d71
 def bootstrap_ci(values: Sequence[float], # per-item scores (e.g. 1 correct / 0 wrong)

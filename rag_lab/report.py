@@ -105,6 +105,7 @@ class Results:
               title: str = '', # one line shown above the markdown table
               paper_from: str | None = None, # take paper values from this table's CSV instead of `name`'s
               paper_values: dict | None = None, # (row, metric) -> (value, where the paper states it), for values outside its tables
+              paper_row_map: dict[str, str] | None = None, # our row (named by method) -> the paper's row it is compared with
              ) -> pd.DataFrame:
         "Join the paper's values to `ours`, write `<name>.csv` and `<name>.md`; return the joined table."
         missing = {'row', 'metric', 'ours'} - set(ours.columns)
@@ -116,6 +117,12 @@ class Results:
         o['ours'] = pd.to_numeric(o['ours'], errors='raise')
         o['_i'] = range(len(o))  # rows the paper lacks keep our order (an outer merge sorts its keys)
         paper = paper_table(self.slug, paper_from or name)
+        if paper_row_map:  # rows named by method are compared with the paper's rows named by its model
+            missing = sorted(set(paper_row_map.values()) - set(paper.row))
+            if missing: raise ValueError(f"table {name!r}: the paper has no row(s) {missing[:3]}")
+            back = {p: o for o, p in paper_row_map.items()}
+            paper = paper.assign(note=[(f"row '{r}'" + (f'; {n}' if n else '')) if r in back else n for r, n in zip(paper.row, paper.note)],
+                                 row=[back.get(r, r) for r in paper.row])
         order = {k: i for i, k in enumerate(zip(paper.row, paper.metric))}
         if paper_values:  # e.g. numbers the paper gives only in its prose
             clash, unknown = set(paper_values) & set(order), set(paper_values) - set(zip(o.row, o.metric))
