@@ -702,7 +702,7 @@ class Recorder:
         "Merge the new calls into the folder; at the end also write the keys of every call the run used."
         new = self._new_calls()
         if new: self.records.write(self.slug, self.profile, new); self.written += len(new)
-        if final:
+        if final and self.ledger.calls:   # a run without LLM calls leaves no records folder
             d = self.records.folder(self.slug, self.profile); d.mkdir(parents=True, exist_ok=True)
             blob = _gz_lines(sorted(self.ledger.calls))
             if not (d / 'used.txt.gz').exists() or (d / 'used.txt.gz').read_bytes() != blob: (d / 'used.txt.gz').write_bytes(blob)
