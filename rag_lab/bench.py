@@ -8,8 +8,8 @@ import json, os, platform, time
 from pathlib import Path
 from .config import out_root
 from .report import atomic_write_text
-from .data import load_scifact_beir
-from .retrieval import scifact_corpus, BM25Index, RankBM25Index, same_rankings
+from .data import load_scifact_beir, scifact_corpus
+from .retrieval import BM25Index, RankBM25Index, same_rankings
 
 # %% auto #0
 __all__ = ['bench_bm25', 'main']

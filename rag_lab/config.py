@@ -10,11 +10,11 @@ from datetime import datetime, timezone
 from importlib import metadata
 from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, TypeAdapter, field_validator, model_validator
+from .papers import PAPERS, get_paper
 
 # %% auto #0
-__all__ = ['DEFAULT_SEED', 'SEED_MAX', 'PROFILES', 'PAPERS', 'Backend', 'PARAM_SCHEMAS', 'PROFILE_DEFAULTS', 'repo_root',
-           'data_root', 'cache_dir', 'out_root', 'seed_everything', 'quiet_loading', 'NotebookParams', 'LLMParams',
-           'ReasonVerifyParams', 'ClaimAwareParams', 'Rag2Params', 'VeriragParams', 'PubmedReasonerParams',
+__all__ = ['DEFAULT_SEED', 'SEED_MAX', 'PROFILES', 'Backend', 'SMOKE_LLM', 'repo_root', 'data_root', 'cache_dir', 'out_root',
+           'seed_everything', 'quiet_loading', 'comma_list_of', 'NotebookParams', 'LLMParams', 'param_schema',
            'resolve_params', 'parse_param', 'package_versions', 'git_commit', 'file_sha256', 'RunInfo', 'run_params',
            'injected_parameters', 'notebook_params']
 
@@ -78,16 +78,13 @@ def quiet_loading():
 
 # %% ../nbs/00_config.ipynb #787032e7
 PROFILES = ('smoke', 'default', 'paper')
-PAPERS = {  # slug -> notebook
-    'reason_verify':   '10_reason_verify.ipynb',
-    'claim_aware':     '20_claim_aware.ipynb',
-    'rag2':            '30_rag2.ipynb',
-    'verirag':         '40_verirag.ipynb',
-    'pubmed_reasoner': '50_pubmed_reasoner.ipynb',
-}
 Backend = Literal['llamacpp', 'transformers', 'openai']
+SMOKE_LLM = dict(model='smollm2-135m-instruct-q4_1', max_tokens=128)   # what every paper's smoke profile runs on
 
-def _comma_list_of(v: str, known: set[str], what: str) -> str:
+def comma_list_of(v: str, # e.g. 'bioasq, pubmedqa'
+                  known: set[str], # the allowed items
+                  what: str, # what they are, for the message
+                 ) -> str: # the items, normalised ('bioasq,pubmedqa')
     "Validate a comma-separated parameter whose items must all be `known`."
     items = [x.strip() for x in v.split(',')]
     bad = sorted(set(items) - known)
@@ -109,127 +106,24 @@ class LLMParams(NotebookParams):
     temperature: float = Field(0.0, ge=0, le=2)
     max_tokens: int = Field(512, ge=1, le=32768)
 
-class ReasonVerifyParams(LLMParams):
-    "Reason and Verify (paper 1)."
-    datasets: str = 'bioasq,pubmedqa'
-    bm25_k: int = Field(20, ge=1, le=1000)
-    rerank_m: int = Field(5, ge=1, le=100)
-    max_shots: int = Field(4, ge=0, le=8)
-    n_verify: int = Field(4, ge=0, le=100_000, description="rationales per dataset verified under CONTEXT-1..5 by both verifiers")
-    passage_words: int = Field(90, ge=10, le=2000, description="words kept per passage in the prompt")
-    reranker: Literal['minilm', 'bge'] = 'minilm'
-    reranker_model: str | None = Field(None, description="cross-encoder path or hub id for reranker='bge'")
-    tau_ovlp: float = Field(0.3, ge=0, le=1)
-    tau_evid: float = Field(0.5, ge=0, le=1)
-    dedup_threshold: float = Field(0.9, gt=0, le=1, description="cosine for near-duplicate questions")
-    verifier_backend: Backend | None = Field(None, description="verifier A and rewriter; None = the generator's")
-    verifier_model: str | None = None
-    verifier2_backend: Backend | None = Field(None, description="verifier B; None = verifier A's")
-    verifier2_model: str | None = None
-
-    @field_validator('datasets')
-    @classmethod
-    def _known_datasets(cls, v: str) -> str: return _comma_list_of(v, {'bioasq', 'pubmedqa'}, 'datasets')
-
-    @model_validator(mode='after')
-    def _rerank_within_candidates(self):
-        if self.rerank_m > self.bm25_k: raise ValueError(f"rerank_m ({self.rerank_m}) cannot exceed bm25_k ({self.bm25_k})")
-        return self
-
-class ClaimAwareParams(NotebookParams):
-    "Claim-aware SciFact RAG (paper 2); no LLM."
-    dense_epochs: int = Field(40, ge=1, le=1000)
-    bm25_topk: int = Field(200, ge=1, le=10_000)
-    rrf_k: int = Field(60, ge=1, le=10_000)
-
-class Rag2Params(LLMParams):
-    "RAG² (paper 3)."
-    datasets: str = 'medqa,medmcqa,mmlu'
-    helpful_quantile: float = Field(0.25, gt=0, lt=1)
-    require_gain: bool = Field(False, description="HELPFUL also needs ΔPPL > 0 (stricter than the paper's top-quantile rule)")
-    top_k: int = Field(3, ge=1, le=64, description="snippets in the prompt (RAG² and MedRAG-style)")
-    per_corpus: int = Field(10, ge=1, le=1000, description="balanced retrieval: candidates from each corpus before reranking")
-    query_variant: Literal['rationale', 'question', 'question+rationale'] = 'rationale'
-    rerank_query: Literal['question', 'rationale'] = 'question'
-    train_n: int = Field(24, ge=2, le=1_000_000, description="MedMCQA training questions labelled by ΔPPL for the filter")
-    filter_threshold: float | None = Field(None, gt=0, lt=1, description="filter probability above which a snippet is kept; None = calibrated on out-of-fold filter probabilities of the training pairs to keep the helpful_quantile share")
-    label_k: int = Field(3, ge=1, le=64, description="snippets labelled per training question")
-    filter_model: str = Field('minilm', description="'minilm' (embedded) or a seq2seq checkpoint, e.g. google/flan-t5-large")
-    topk_grid: str = '1,3'
-    corpus_docs: int | None = Field(None, ge=1, le=100_000_000, description="documents kept per source corpus; None = all")
-    snippet_words: int = Field(100, ge=10, le=2000)
-    table5_models: str = Field('smollm2-135m-instruct-q4_1', description="other embedded generators for Table 5, comma-separated")
-
-    @field_validator('datasets')
-    @classmethod
-    def _known_datasets(cls, v: str) -> str: return _comma_list_of(v, {'medqa', 'medmcqa', 'mmlu'}, 'datasets')
-
-class VeriragParams(LLMParams):
-    "VERIRAG (paper 4)."
-    claim_sets: str = 'scifact,healthver,covidfact'
-    n_train: int = Field(4, ge=2, le=100_000, description="training claims for calibrating alpha, lambda, C and the Ridge threshold model")
-    scenarios: str = 'TY0,TY1,TY3,TY5'
-
-    @field_validator('claim_sets', 'scenarios')
-    @classmethod
-    def _known_items(cls, v: str, info) -> str:
-        known = {'claim_sets': {'scifact', 'healthver', 'covidfact'}, 'scenarios': {'TY0', 'TY1', 'TY3', 'TY5'}}[info.field_name]
-        return _comma_list_of(v, known, info.field_name)
-
-class PubmedReasonerParams(LLMParams):
-    "PubMed Reasoner (paper 5)."
-    batch_size: int = Field(5, ge=1, le=100)
-    max_articles: int = Field(20, ge=1, le=1000)
-    critic_iters: int = Field(3, ge=0, le=20, description="self-critic rounds (0: no self-critic)")
-    n_mmlu: int | None = Field(None, ge=0, le=100_000, description="MMLU clinical-knowledge questions; None = all 265, 0 = none")
-    exclude_source: bool = Field(True, description="never retrieve a PubMedQA question's own source abstract")
-    eutils_url: str | None = Field(None, description="E-utilities base URL; None = the local service over the local corpus")
-    relax_empty: bool | None = Field(None, description="retry zero-hit retrievals with terms ORed; None = on for the local service only")
-    undated_in_range: bool = Field(False, description="local service: records without a year meet every date limit")
-
-PARAM_SCHEMAS: dict[str, type[NotebookParams]] = {
-    'reason_verify': ReasonVerifyParams, 'claim_aware': ClaimAwareParams, 'rag2': Rag2Params,
-    'verirag': VeriragParams, 'pubmed_reasoner': PubmedReasonerParams}
-
 # %% ../nbs/00_config.ipynb #1cf291a2
-_SMOKE_LLM = dict(model='smollm2-135m-instruct-q4_1', max_tokens=128)
-PROFILE_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
-    'reason_verify': {'smoke': dict(n=2, max_shots=1, n_verify=1, passage_words=40, **{**_SMOKE_LLM, 'max_tokens': 96}),
-                      'default': dict(n=8, max_shots=2, n_verify=2, max_tokens=160, passage_words=60),
-                      'paper': dict(n=None, max_shots=4, n_verify=50, reranker='bge', backend='transformers',
-                                    model='meta-llama/Meta-Llama-3-8B-Instruct', verifier_backend='openai',
-                                    verifier_model='gpt-4o')},
-    'claim_aware':   {'smoke': dict(n=40, dense_epochs=2), 'default': {}, 'paper': {}},
-    'rag2':          {'smoke': dict(n=1, train_n=4, label_k=2, top_k=1, topk_grid='1', corpus_docs=150, table5_models='', **{**_SMOKE_LLM, 'max_tokens': 32}),
-                      'default': dict(n=12, train_n=36, max_tokens=160, snippet_words=80),
-                      'paper': dict(n=None, backend='transformers', model='meta-llama/Meta-Llama-3-8B-Instruct', max_tokens=512,
-                                    filter_model='google/flan-t5-large', filter_threshold=0.5, train_n=1000,
-                                    topk_grid='1,2,4,8,16,32', per_corpus=32, table5_models='')},
-    'verirag':       {'smoke': dict(n=1, n_train=2, scenarios='TY1', claim_sets='covidfact', **_SMOKE_LLM),
-                      'default': dict(n=6, n_train=12),
-                      'paper': dict(n=100, n_train=60, backend='openai', model='gpt-4o')},
-    'pubmed_reasoner': {'smoke': dict(n=1, n_mmlu=0, max_articles=5, critic_iters=1, **{**_SMOKE_LLM, 'max_tokens': 96}),
-                        'default': dict(n=8, n_mmlu=4, max_tokens=384),
-                        'paper': dict(n=None, n_mmlu=None, backend='openai', model='gpt-4o',
-                                      eutils_url='https://eutils.ncbi.nlm.nih.gov/entrez/eutils')},
-}
-
-def _schema(slug: str) -> type[NotebookParams]:
-    if slug not in PARAM_SCHEMAS:
-        raise KeyError(f"unknown paper {slug!r}; known: {', '.join(PARAM_SCHEMAS)}")
-    return PARAM_SCHEMAS[slug]
+def param_schema(slug: str, # paper slug, e.g. 'claim_aware'
+                ) -> type[NotebookParams]:
+    "The parameter class of a registered paper."
+    return get_paper(slug).params
 
 def resolve_params(slug: str, # paper slug, e.g. 'claim_aware'
                    profile: str = 'default', # 'smoke', 'default' or 'paper'
                    **overrides, # knob values; None means "the profile's value"
                   ) -> NotebookParams:
-    "Profile defaults for `slug` updated with the non-None `overrides`, validated."
+    "The profile's values for `slug` updated with the non-None `overrides`, validated."
     if profile not in PROFILES: raise ValueError(f"unknown profile {profile!r}; choose from {', '.join(PROFILES)}")
-    schema = _schema(slug)
+    paper = get_paper(slug)
+    schema = paper.params
     unknown = set(overrides) - set(schema.model_fields)
     if unknown: raise ValueError(f"unknown parameter(s) for {slug}: {', '.join(sorted(unknown))}; "
                                  f"known: {', '.join(schema.model_fields)}")
-    vals = {**PROFILE_DEFAULTS[slug][profile], **{k: v for k, v in overrides.items() if v is not None}}
+    vals = {**paper.profiles[profile], **{k: v for k, v in overrides.items() if v is not None}}
     return schema(profile=profile, **vals)
 
 def parse_param(slug: str, # paper slug
@@ -237,7 +131,8 @@ def parse_param(slug: str, # paper slug
                 text: str, # value as typed on the command line
                ) -> Any: # the value, converted to the parameter's type
     "Convert and check one command-line `name=value` for `slug`, raising `ValueError` with a clear message."
-    schema = _schema(slug)
+    paper = get_paper(slug)
+    schema = paper.params
     if name not in schema.model_fields:
         raise ValueError(f"unknown parameter {name!r} for {slug}; known: {', '.join(schema.model_fields)}")
     ann = schema.model_fields[name].annotation
@@ -245,7 +140,7 @@ def parse_param(slug: str, # paper slug
     except (json.JSONDecodeError, ValidationError):
         try: value = TypeAdapter(ann).validate_python(text)
         except ValidationError as e: raise ValueError(f"bad value {text!r} for {slug}.{name}: {e.errors()[0]['msg']}") from None
-    try: checked = schema(**{**PROFILE_DEFAULTS[slug]['default'], name: value})
+    try: checked = schema(**{**paper.profiles['default'], name: value})
     except ValidationError as e: raise ValueError(f"bad value {text!r} for {slug}.{name}: {e.errors()[0]['msg']}") from None
     return getattr(checked, name)  # as the validators normalised it
 
@@ -338,7 +233,7 @@ def notebook_params(slug: str, # paper slug
                     namespace: dict, # the notebook's globals(): its `parameters` cell and anything papermill injected
                    ) -> tuple[NotebookParams, RunInfo]:
     "A paper notebook's parameters from its namespace: a misspelt injected name is refused with the valid ones, values validated."
-    fields = _schema(slug).model_fields
+    fields = param_schema(slug).model_fields
     unknown = sorted(set(injected_parameters(namespace)) - set(fields))
     if unknown: raise ValueError(f"unknown parameter(s) {unknown} for {slug}; valid: {', '.join(fields)}")
     values = {k: namespace[k] for k in fields if k in namespace}

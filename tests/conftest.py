@@ -19,3 +19,32 @@ def out_env(tmp_path, monkeypatch) -> Path:
     "Outputs of the code under test go to a temp folder, never into the repository."
     monkeypatch.setenv('RAG_LAB_OUT', str(tmp_path / 'out'))
     return tmp_path / 'out'
+
+
+# A test fixture, not library code: a tiny random Llama checkpoint for the transformers backend (no hub here).
+from pathlib import Path
+def build_tiny_checkpoint(dest: Path | str, # folder to write
+                          seed: int = 0, # weight initialisation seed
+                         ) -> Path: # the checkpoint folder
+    "Write a tiny random LlamaForCausalLM with a word-level tokenizer and a ChatML template (for tests and lessons)."
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    dest = Path(dest); dest.mkdir(parents=True, exist_ok=True)
+    specials = ['<pad>', '<s>', '</s>', '<unk>', '<|im_start|>', '<|im_end|>']
+    corpus = ["the answer is yes", "the answer is no", "paris is the capital of france", "user assistant system",
+              "aspirin reduces fever and pain", "what is the capital of france", "final answer a b c maybe"]
+    raw = Tokenizer(models.WordLevel(unk_token='<unk>'))
+    raw.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit()])
+    raw.decoder = decoders.WordPiece(prefix='##')  # joins words with spaces
+    raw.train_from_iterator(corpus, trainers.WordLevelTrainer(special_tokens=specials))
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token='<s>', eos_token='<|im_end|>', pad_token='<pad>',
+                                  unk_token='<unk>')
+    tok.chat_template = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
+                         "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    LlamaForCausalLM(cfg).save_pretrained(dest); tok.save_pretrained(dest)
+    return dest

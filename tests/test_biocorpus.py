@@ -1,7 +1,6 @@
 """The local biomedical corpus and the MeSH vocabulary / indexer."""
 import pytest
-from rag_lab.biocorpus import (CHECK_TAGS, MeshIndexer, biomedical_corpus, corpus_summary, evaluate_mesh_indexer,
-                               fitted_mesh_indexer, mesh_prf, mesh_vocabulary)
+from rag_lab.data import CHECK_TAGS, MeshIndexer, biomedical_corpus, corpus_summary, evaluate_mesh_indexer, fitted_mesh_indexer, mesh_prf, mesh_vocabulary
 
 @pytest.fixture(scope='module')
 def corpus():

@@ -1,6 +1,7 @@
 """Profiles and parameter schemas: every profile of every paper validates; bad values are refused."""
 import pytest
-from rag_lab.config import PAPERS, PROFILES, resolve_params, parse_param, PARAM_SCHEMAS
+from rag_lab.config import PROFILES, resolve_params, parse_param, param_schema
+from rag_lab.papers import PAPERS
 
 @pytest.mark.parametrize('slug', PAPERS)
 @pytest.mark.parametrize('profile', PROFILES)
@@ -38,3 +39,22 @@ def test_git_commit_ignores_outputs_but_not_inputs(tmp_path):
     assert git_commit(tmp_path) == clean
     (tmp_path / 'nb.py').write_text('x = 2\n')
     assert git_commit(tmp_path) == clean + '+dirty'
+
+def test_readme_table_follows_the_registry(repo):
+    "The README's paper table lists exactly the registered papers, in order, with their chapter, method notebooks and module."
+    import re
+    text = (repo / 'README.md').read_text()
+    table = text[text.index('| slug | paper | chapter'):].split('\n\n')[0]
+    rows = [l for l in table.splitlines() if re.match(r'\| `[a-z_0-9]+` \|', l)]
+    assert [re.match(r'\| `([a-z_0-9]+)`', l).group(1) for l in rows] == list(PAPERS)
+    for line, p in zip(rows, PAPERS.values()):
+        cells = [c.strip() for c in line.strip('|').split('|')]
+        assert f'`nbs/{p.notebook}`' == cells[2], line
+        assert all(f'`nbs/{m}`' in cells[3] for m in p.method), line
+        assert f"`rag_lab/papers/{p.slug}.py`" in cells[4], line
+        assert (repo / 'rag_lab' / 'papers' / f'{p.slug}.py').exists()
+
+def test_old_module_names_are_gone(repo):
+    "One name per paper: the pre-registry module names do not come back."
+    for old in ('reasonverify', 'reasoner', 'evidence', 'verirag_pipeline', 'eval', 'ireval', 'pubmed', 'biocorpus'):
+        assert not (repo / 'rag_lab' / f'{old}.py').exists(), old

@@ -4,11 +4,10 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
-from rag_lab.llm import (EMBEDDED_MODELS, LLMCache, LLMError, Ledger, LlamaCppLLM, ModelError, OpenAILLM, ParsedAnswer,
-                         RateLimiter,
-                         TransformersLLM, assemble_parts, build_tiny_checkpoint, chat_structured, checkpoint_fingerprint,
-                         distribution_data_files, embedded_model_path, extract_json, get_llm, parse_answer_statement,
-                         parse_final_answer, parse_json_verdict, retry_call, verify_model_file)
+from conftest import build_tiny_checkpoint
+from rag_lab.llm import EMBEDDED_MODELS, LLMCache, LLMError, Ledger, LlamaCppLLM, ModelError, OpenAILLM, TransformersLLM, assemble_parts, chat_structured, checkpoint_fingerprint, distribution_data_files, embedded_model_path, get_llm, retry_call, verify_model_file
+from rag_lab.parsing import ParsedAnswer, extract_json, parse_answer_statement, parse_final_answer, parse_json_verdict
+from rag_lab.data import RateLimiter
 from rag_lab.config import file_sha256, resolve_params
 from pydantic import BaseModel
 from typing import Literal
@@ -365,7 +364,7 @@ def test_transformers_generates_in_batches_and_scores(tiny_dir, tmp_path):
     msgs = [{'role': 'user', 'content': 'what is the capital of france'}]
     assert llm.render(msgs).endswith('<|im_start|> assistant ')
     assert llm.score(msgs, ' paris').n_tokens == 1
-    from rag_lab.reasonverify import unique_calls
+    from rag_lab.papers.reason_verify import unique_calls
     # a batch shares one compute time per call: distinct calls are told apart by their cache keys, not their counts
     assert len(unique_calls(llm.ledger.frame().loc[lambda d: d.kind == 'chat'])) == len(prompts)
 

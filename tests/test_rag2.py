@@ -1,4 +1,4 @@
-"Tests of rag_lab.rag2: ΔPPL labels, the snippet filter and its window, the all-filtered fallback, malformed items."
+"Tests of rag_lab.papers.rag2: ΔPPL labels, the snippet filter and its window, the all-filtered fallback, malformed items."
 import os
 import numpy as np
 import pytest
@@ -6,10 +6,10 @@ from hypothesis import given, settings, strategies as st
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 from rag_lab.llm import LLMCache, Ledger, LlamaCppLLM
-from rag_lab.retrieval import Corpus, Document
-from rag_lab.rag2 import (MiniLMFilter, MultiCorpus, answer_messages, apply_filter, calibrate_filter_threshold, check_mcq,
+from rag_lab.text import Corpus, Document
+from rag_lab.papers.rag2 import (MiniLMFilter, MultiCorpus, answer_messages, apply_filter, calibrate_filter_threshold, check_mcq,
                           corpus_share, delta_ppl, filter_report, format_mcq, helpful_threshold, make_query,
-                          out_of_fold_proba, parse_mcq_answer, ppl_labels, rag2_prompt, rationale_messages, rationale_ppl,
+                          out_of_fold_proba, parse_mcq_answer, ppl_labels, rag2_prompt, query_rationale_messages, rationale_ppl,
                           retrieve, split_items)
 import pandas as pd
 
@@ -157,7 +157,7 @@ def test_filter_report_counts_a_reject_everything_filter_as_chance():
     ({'A': 'yes'}, 'at least 2 options'), ({'A': 'yes', 'AB': 'no'}, 'single letter'), ({'A': 'yes', 'B': ''}, 'has no text'),
     ({'A': 'yes', 'B': None}, 'has no text'), (['yes', 'no'], 'mapping'), ({'A': 'x', 'a': 'y'}, 'appears twice')])
 def test_a_question_with_malformed_options_is_refused(options, msg):
-    for build in (check_mcq, format_mcq, rationale_messages, answer_messages):
+    for build in (check_mcq, format_mcq, query_rationale_messages, answer_messages):
         with pytest.raises(ValueError, match=msg): build(Q, options)
     with pytest.raises(ValueError, match='question text is empty'): check_mcq('', OPTS)
 
@@ -170,10 +170,10 @@ def test_a_question_whose_gold_answer_is_not_an_option_is_refused(answer):
 
 
 def test_answers_that_name_no_option_are_unparseable_not_guessed():
-    assert parse_mcq_answer('the answer is (B)', OPTS) == 'B'
-    assert parse_mcq_answer('B. Vitamin K', OPTS) is None
-    assert parse_mcq_answer('', OPTS) is None and parse_mcq_answer(None, OPTS) is None
-    assert parse_mcq_answer('the answer is (E)', OPTS) is None
+    assert parse_mcq_answer('the answer is (B)', OPTS).answer == 'B'
+    assert parse_mcq_answer('B. Vitamin K', OPTS).status == 'unparseable'
+    assert parse_mcq_answer('', OPTS).status == 'missing' and parse_mcq_answer(None, OPTS).status == 'missing'
+    assert parse_mcq_answer('the answer is (E)', OPTS).answer is None
 
 
 # ---------------------------------------------------------------- retrieval and splits
@@ -229,7 +229,7 @@ def _tiny_t5(dest):
 
 
 def test_seq2seq_filter_trains_on_two_label_tokens_and_windows_long_snippets(tmp_path):
-    from rag_lab.rag2 import Seq2SeqFilter, make_filter
+    from rag_lab.papers.rag2 import Seq2SeqFilter, make_filter
     path = str(_tiny_t5(tmp_path / 't5'))
     f = make_filter(path, max_length=48, stride=8, lr=1e-2, epochs=300, batch_size=4)
     assert isinstance(f, Seq2SeqFilter) and len(set(f.label_ids)) == 2

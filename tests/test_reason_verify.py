@@ -1,14 +1,12 @@
-"""Reason and Verify parts (rag_lab.reasonverify): segmentation, label parsing, empty evidence / retrieval, decontamination."""
+"""Reason and Verify parts (rag_lab.papers.reason_verify): segmentation, label parsing, empty evidence / retrieval, decontamination."""
 import math
 from collections import Counter
 import numpy as np
 import pandas as pd
 import pytest
-from rag_lab.retrieval import BM25Index, Corpus, Document, Reranker
-from rag_lab.reasonverify import (
-    CATEGORIES, Demo, Verifier, VerifyTask, agreement, call_accounting, content_words, decontaminate, faithfulness,
-    normalize_label, parse_answer, parse_decomposed, parse_direct, query_overlap, rationale_messages, render_evidence, retrieve_evidence,
-    rewrite_needed, segment_rationale, select_demos, shares_pmid, strip_answer_lines, unique_calls, vanilla_messages)
+from rag_lab.retrieval import BM25Index, Reranker
+from rag_lab.text import Corpus, Document
+from rag_lab.papers.reason_verify import CATEGORIES, Demo, Verifier, VerifyTask, agreement, call_accounting, content_words, decontaminate, faithfulness, normalize_label, parse_answer, parse_decomposed, parse_direct, query_overlap, rationale_messages, render_evidence, retrieve_evidence, rewrite_needed, segment_rationale, select_demos, shares_pmid, strip_answer_lines, unique_calls, vanilla_messages
 
 
 # --- segmentation on tricky text ---------------------------------------------------------------------------------

@@ -4,9 +4,8 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
-from rag_lab.retrieval import (Document, Corpus, tokenize, split_sentences, sliding_windows, BM25Index, RankBM25Index,
-                               same_rankings, Vocab, ContrastiveDualEncoder, DenseIndex, rrf, FeatureReranker,
-                               CrossEncoderReranker, as_queries)
+from rag_lab.text import Document, Corpus, tokenize, split_sentences, sliding_windows
+from rag_lab.retrieval import BM25Index, RankBM25Index, same_rankings, Vocab, ContrastiveDualEncoder, DenseIndex, rrf, FeatureReranker, CrossEncoderReranker, as_queries
 
 DOCS = ['aspirin reduces fever in adults', 'fever and cough in children with influenza', 'statins lower ldl cholesterol',
         'aspirin and statins in cardiovascular prevention', 'influenza vaccination of older adults',

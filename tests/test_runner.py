@@ -77,18 +77,19 @@ def test_report_without_a_run_is_a_clear_error(tmp_path):
     r = _run('report', '--out', str(tmp_path))
     assert r.returncode == 2 and 'run `rag-lab reproduce` first' in r.stderr
 
-from rag_lab.config import PAPERS, PARAM_SCHEMAS
+from rag_lab.config import param_schema
+from rag_lab.papers import PAPERS
 from rag_lab.runner import notebook_parameters
 
 REPO = Path(__file__).resolve().parents[1]
 
-@pytest.mark.parametrize('slug', [s for s, nb in PAPERS.items() if (REPO / 'nbs' / nb).exists()])
+@pytest.mark.parametrize('slug', [s for s, p in PAPERS.items() if (REPO / 'nbs' / p.notebook).exists()])
 def test_paper_notebook_exposes_its_whole_schema_to_papermill(slug):
     "Every knob of the notebook's schema is a papermill parameter, readable by papermill itself (kernel and all)."
     import logging, papermill as pm
-    path = REPO / 'nbs' / PAPERS[slug]
+    path = REPO / 'nbs' / PAPERS[slug].notebook
     declared = notebook_parameters(path)
-    assert declared == set(PARAM_SCHEMAS[slug].model_fields), set(PARAM_SCHEMAS[slug].model_fields) ^ declared
+    assert declared == set(param_schema(slug).model_fields), set(param_schema(slug).model_fields) ^ declared
     logging.disable(logging.WARNING)
     try: assert set(pm.inspect_notebook(str(path))) == declared   # comments papermill cannot parse would drop names
     finally: logging.disable(logging.NOTSET)

@@ -14,7 +14,10 @@ def _copy_project(dest: Path) -> Path:
     return dest
 
 def _diff(a: Path, b: Path, pattern: str) -> list[str]:
-    return [p.name for p in sorted(a.glob(pattern)) if not filecmp.cmp(p, b / p.name, shallow=False)]
+    "Files under `a` (any depth, e.g. rag_lab/papers/) that differ from their twin under `b`."
+    return [str(p.relative_to(a)) for p in sorted(a.rglob(pattern))
+            if '__pycache__' not in p.parts and (b / p.relative_to(a)).exists()
+            and not filecmp.cmp(p, b / p.relative_to(a), shallow=False)]
 
 @pytest.mark.parametrize('tool,folder,pattern', [('nbdev_clean', 'nbs', '*.ipynb'), ('nbdev_export', 'rag_lab', '*.py')])
 def test_nbdev_tool_changes_nothing(tool, folder, pattern, tmp_path):
@@ -23,5 +26,6 @@ def test_nbdev_tool_changes_nothing(tool, folder, pattern, tmp_path):
     assert r.returncode == 0, r.stderr
     changed = _diff(work / folder, REPO / folder, pattern)
     assert not changed, f"`{tool}` changed {changed}: run `make sync` and commit"
-    new = sorted({p.name for p in (work / folder).glob(pattern)} - {p.name for p in (REPO / folder).glob(pattern)})
+    rel = lambda root: {str(p.relative_to(root)) for p in root.rglob(pattern) if '__pycache__' not in p.parts}
+    new = sorted(rel(work / folder) - rel(REPO / folder))
     assert not new, f"`{tool}` created {new}: run `make sync` and commit"

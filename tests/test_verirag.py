@@ -6,14 +6,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from rag_lab.llm import LLM, LLMCache, Ledger
-from rag_lab.verirag import (ALPHA_GRID, CHECK_IDS, K, HVParams, PaperAudit, PaperExtraction, accept, applicable_checks,
-                             audit_vectors, binary_metrics, calibrate, chunk_redundancy, effective_contribution, hv_score,
-                             judge_agreement, log_odds, macro_f1_from_counts, metrics_from_confusion, paper_quality,
-                             prediction_summary, score_claim, sigmoid, tallies, tau_auto)
-from rag_lab.verirag_pipeline import (JUSTIFICATION_CHARS, ClaimCase, EvidencePaper, ProbeAnswer, audit_case, audit_paper,
-                                      audit_schema, predicted_valid, run_baseline, temporal_scenarios, verirag_scores,
-                                      verirag_verdicts)
-from rag_lab.verirag import BoldnessModel, claim_features
+from rag_lab.papers.verirag import ALPHA_GRID, CHECK_IDS, K, HVParams, PaperAudit, PaperExtraction, accept, applicable_checks, audit_vectors, binary_metrics, calibrate, chunk_redundancy, effective_contribution, hv_score, judge_agreement, log_odds, macro_f1_from_counts, metrics_from_confusion, paper_quality, prediction_summary, score_claim, sigmoid, tallies, tau_auto
+from rag_lab.papers.verirag import JUSTIFICATION_CHARS, ClaimCase, EvidencePaper, ProbeAnswer, audit_case, audit_paper, audit_schema, predicted_valid, run_baseline, temporal_scenarios, verirag_scores, verirag_verdicts
+from rag_lab.papers.verirag import BoldnessModel, claim_features
 
 tally = st.floats(0, 50, allow_nan=False)
 alpha = st.floats(0, 3, allow_nan=False)
@@ -182,7 +177,7 @@ def test_scores_use_the_scenario_size_and_report_dropped_audits(tmp_path):
     bm = BoldnessModel().fit(np.array([claim_features(5, 5, 'Robust Study'), claim_features(9, 9, 'Settled Science')]), [0, 1])
     sc = verirag_scores([ca], 'TY1', bm, HVParams(1.0, 0.1, 0.1)).iloc[0]
     assert (sc.n_ev, sc.dropped) == (2, 1)                                                # N_ev = papers in TY1, not parsed audits
-    from rag_lab.verirag import tau_base
+    from rag_lab.papers.verirag import tau_base
     base = tau_base('Robust Study', float(bm.predict(claim_features(6, 7, 'Robust Study'))[0]))
     assert sc.tau == pytest.approx(float(np.clip(base + 0.1 * (2 / 1 - 1), 0.5, 0.95)))      # the failed audit still raises the bar
 
@@ -228,7 +223,7 @@ def test_probe_justification_is_capped_so_the_json_can_close(tmp_path):
     cot = json.dumps(dict(relevant_statements='falls fell by 20 percent', verdict='Supports'))
     probe = json.dumps(dict(answer='Yes', justification='The trial reports fewer falls.'))
     llm = ScriptedLLM({'Decide whether the evidence supports': cot, 'Answer the question': probe}, tmp_path)
-    from rag_lab.verirag_pipeline import ClaimFeatures
+    from rag_lab.papers.verirag import ClaimFeatures
     run = run_baseline(llm, 'CIBER', _case(), 'TY1', ClaimFeatures.model_validate_json(FEATURES))
     assert run.verdict == 'Valid' and run.detail['stances'] == ['Supports', 'Supports', 'Supports', 'Refutes']
 
@@ -266,7 +261,7 @@ def test_binary_metrics_refuses_bad_input():
 
 def test_selfrag_schema_wants_one_critique_per_passage():
     from pydantic import ValidationError
-    from rag_lab.verirag_pipeline import selfrag_schema
+    from rag_lab.papers.verirag import selfrag_schema
     S = selfrag_schema(['111', '222'])
     one = lambda pid: dict(passage_id=pid, relevant=True, support='No Support')
     assert len(S.model_validate(dict(critiques=[one('111'), one('222')])).critiques) == 2

@@ -1,11 +1,11 @@
-"Tests of rag_lab.ireval (ranx metrics, paired bootstrap, selective answering) and rag_lab.evidence F1s."
+"Tests of rag_lab.metrics (ranx metrics, paired bootstrap, selective answering, evidence F1s)."
 import math
 import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import given, settings, strategies as st
-from rag_lab.ireval import as_qrels, ir_metrics, per_query, compare_runs, gate_sweep, risk_coverage, aurc, aurc_optimal
-from rag_lab.evidence import token_f1, sentence_f1
+from rag_lab.metrics import as_qrels, ir_metrics, per_query, compare_runs, gate_sweep, risk_coverage, aurc, aurc_optimal
+from rag_lab.metrics import token_f1, sentence_f1
 
 QRELS = {'q1': {'d2', 'd5'}, 'q2': {'d1'}}
 RUN = {'q1': {'d1': 5.0, 'd2': 4.0, 'd3': 3.0, 'd4': 2.0, 'd5': 1.0}, 'q2': {'d3': 2.0, 'd1': 1.5}}

@@ -4,10 +4,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from hypothesis import given, settings, strategies as st
 import re
-from rag_lab.pubmed import (FIELD_TAGS, LocalEutilsServer, LocalPubMed, PubMedClient, PubMedError, PubMedQueryError, QuerySyntaxError,
-                            UnsupportedFieldError, normalize_query, parse_query, render_query, scope_query, mesh_terms)
-from rag_lab.reasoner import AgentConfig, Question, ScriptedLLM, audit_citations, pubmed_reasoner
-from rag_lab.retrieval import Corpus, Document
+from rag_lab.eutils import FIELD_TAGS, LocalEutilsServer, LocalPubMed, PubMedClient, PubMedError, PubMedQueryError, QuerySyntaxError, UnsupportedFieldError, normalize_query, parse_query, render_query, scope_query, mesh_terms
+from rag_lab.papers.pubmed_reasoner import AgentConfig, Question, ScriptedLLM, audit_citations, pubmed_reasoner
+from rag_lab.text import Corpus, Document
 
 @pytest.fixture(scope='module')
 def toy():

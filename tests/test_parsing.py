@@ -3,7 +3,8 @@ import json
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st, settings
-from rag_lab.eval import parse_option, parse_mirage_output, accuracy, bootstrap_ci, paired_bootstrap, mirage_locate_answer
+from rag_lab.parsing import parse_option, parse_mirage_output, mirage_locate_answer
+from rag_lab.metrics import accuracy, bootstrap_ci, paired_bootstrap
 
 YN = {'A': 'yes', 'B': 'no', 'C': 'maybe'}
 MCQ = {'A': 'Aspirin', 'B': 'Heparin', 'C': 'Warfarin', 'D': 'None of the above'}
@@ -13,11 +14,11 @@ MCQ = {'A': 'Aspirin', 'B': 'Heparin', 'C': 'Warfarin', 'D': 'None of the above'
 def test_parse_option_total_and_honest(text):
     p = parse_option(text, YN)
     assert p.status in ('ok', 'unparseable', 'missing')
-    assert (p.letter in YN) if p.ok else p.letter is None
+    assert (p.answer in YN) if p.ok else p.answer is None
 
 @given(st.sampled_from(list(MCQ)), st.sampled_from(['{k}', '{k}.', '({k})', '{k}. {v}', 'Option {k}', '{v}']))
 def test_parse_option_reads_every_honest_format(k, fmt):
-    assert parse_option(fmt.format(k=k, v=MCQ[k]), MCQ).letter == k
+    assert parse_option(fmt.format(k=k, v=MCQ[k]), MCQ).answer == k
 
 def test_contradictory_letter_and_text_is_unparseable():
     assert parse_option('A. no', YN).status == 'unparseable'
@@ -26,16 +27,16 @@ def test_contradictory_letter_and_text_is_unparseable():
 @settings(max_examples=300, deadline=None)
 def test_parse_mirage_output_never_crashes(raw):
     p = parse_mirage_output(raw, YN)
-    assert p.letter is None or p.letter in YN
+    assert p.answer is None or p.answer in YN
 
 def test_unparseable_is_never_mapped_to_a_default():
     raw = json.dumps({'step_by_step_thinking': 'unclear', 'answer_choice': 'cannot determine'})
-    assert parse_mirage_output(raw, YN).letter is None
+    assert parse_mirage_output(raw, YN).answer is None
     assert mirage_locate_answer(raw) == 'A'            # what MIRAGE's own script would have done
     assert accuracy([None], ['A'])['acc'] == 0.0
 
 def test_truncated_json_uses_the_answer_field():
-    assert parse_mirage_output('{"step_by_step_thinking": "x" "answer_choice": "B. no"}', YN).letter == 'B'
+    assert parse_mirage_output('{"step_by_step_thinking": "x" "answer_choice": "B. no"}', YN).answer == 'B'
     assert parse_mirage_output('{"step_by_step_thinking": "cut off mid', YN).status == 'unparseable'
 
 def test_bootstrap_interval_contains_estimate_and_narrows_with_n():
