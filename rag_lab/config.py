@@ -13,10 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, TypeAdapter,
 from .papers import PAPERS, get_paper
 
 # %% auto #0
-__all__ = ['DEFAULT_SEED', 'SEED_MAX', 'PROFILES', 'Backend', 'SMOKE_LLM', 'repo_root', 'data_root', 'cache_dir', 'out_root',
-           'seed_everything', 'quiet_loading', 'comma_list_of', 'NotebookParams', 'LLMParams', 'param_schema',
-           'resolve_params', 'parse_param', 'package_versions', 'git_commit', 'file_sha256', 'RunInfo', 'run_params',
-           'injected_parameters', 'notebook_params']
+__all__ = ['DEFAULT_SEED', 'SEED_MAX', 'PROFILES', 'Backend', 'DEFAULT_GENERATOR', 'SMOKE_LLM', 'repo_root', 'data_root',
+           'cache_dir', 'out_root', 'seed_everything', 'quiet_loading', 'comma_list_of', 'NotebookParams', 'LLMParams',
+           'param_schema', 'resolve_params', 'parse_param', 'package_versions', 'git_commit', 'file_sha256', 'RunInfo',
+           'run_params', 'injected_parameters', 'notebook_params']
 
 # %% ../nbs/00_config.ipynb #55ea4637
 def repo_root(start: Path | str | None = None, # where to start looking (default: the working directory)
@@ -79,6 +79,7 @@ def quiet_loading():
 # %% ../nbs/00_config.ipynb #787032e7
 PROFILES = ('smoke', 'default', 'paper')
 Backend = Literal['llamacpp', 'transformers', 'openai']
+DEFAULT_GENERATOR = 'qwen2.5-coder-1.5b-instruct-q4_k_m'   # the default profile's LLM (chapter 04_llm: where it comes from)
 SMOKE_LLM = dict(model='smollm2-135m-instruct-q4_1', max_tokens=128)   # what every paper's smoke profile runs on
 
 def comma_list_of(v: str, # e.g. 'bioasq, pubmedqa'
@@ -101,7 +102,7 @@ class NotebookParams(BaseModel):
 class LLMParams(NotebookParams):
     "Parameters of notebooks that call a language model."
     backend: Backend = 'llamacpp'
-    model: str = 'qwen2.5-coder-0.5b-instruct-q4_k_m'
+    model: str = DEFAULT_GENERATOR
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint (backend='openai')")
     temperature: float = Field(0.0, ge=0, le=2)
     max_tokens: int = Field(512, ge=1, le=32768)

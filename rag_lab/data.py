@@ -21,11 +21,11 @@ import time
 # %% auto #0
 __all__ = ['REGISTRY', 'MIRAGE_DATASETS', 'MIRAGE_LLMS', 'MMLU_MED_SUBJECTS', 'CHECK_TAGS', 'BIOCORPUS_SOURCES', 'PUBMED_SIZE',
            'DataError', 'DataFile', 'data_path', 'verify_all', 'load_pubmedqa', 'load_bioasq_yesno', 'load_mirage',
-           'load_mirage_predictions', 'load_medqa_raw', 'load_mmlu_med', 'load_scifact_corpus', 'load_scifact_claims',
-           'load_scifact_beir', 'load_mesh', 'load_healthver', 'load_covidfact', 'load_retraction_watch',
-           'scifact_corpus', 'RateLimiter', 'mesh_key', 'MeshVocabulary', 'mesh_vocabulary', 'MeshIndexer', 'mesh_prf',
-           'pubmedqa_abstract', 'evaluate_mesh_indexer', 'fitted_mesh_indexer', 'pubmedqa_documents',
-           'bioasq_documents', 'scifact_documents', 'biomedical_corpus', 'corpus_summary']
+           'load_mirage_predictions', 'nested_sample', 'load_medqa_raw', 'load_mmlu_med', 'load_scifact_corpus',
+           'load_scifact_claims', 'load_scifact_beir', 'load_mesh', 'load_healthver', 'load_covidfact',
+           'load_retraction_watch', 'scifact_corpus', 'RateLimiter', 'mesh_key', 'MeshVocabulary', 'mesh_vocabulary',
+           'MeshIndexer', 'mesh_prf', 'pubmedqa_abstract', 'evaluate_mesh_indexer', 'fitted_mesh_indexer',
+           'pubmedqa_documents', 'bioasq_documents', 'scifact_documents', 'biomedical_corpus', 'corpus_summary']
 
 # %% ../nbs/02_data.ipynb #b8b63cc6
 class DataError(RuntimeError):
@@ -234,6 +234,16 @@ def load_mirage_predictions(dataset: str, # one of MIRAGE_DATASETS
             outs[qid] = val[0] if isinstance(val, list) and val else (val if isinstance(val, str) else None)
     ids = load_mirage(dataset).id
     return pd.DataFrame(dict(id=ids, output=[outs.get(i) for i in ids]))
+
+# %% ../nbs/02_data.ipynb #a43a7f10
+def nested_sample(df: pd.DataFrame, # evaluation items, one per row
+                  n: int | None, # how many; None or >= len(df): all of them (still in the permuted order)
+                  seed: int = 42,
+                 ) -> pd.DataFrame:
+    "The first `n` rows of one seeded permutation: samples are nested (n = 50 is the start of n = 150), so every "
+    "paper that samples the same data with the same seed evaluates the same items, and a larger run reuses a smaller one's calls."
+    perm = np.random.default_rng(seed).permutation(len(df))
+    return df.iloc[perm[:n] if n else perm].reset_index(drop=True)
 
 # %% ../nbs/02_data.ipynb #eca2c4ab
 MMLU_MED_SUBJECTS = ('anatomy', 'clinical_knowledge', 'college_biology', 'college_medicine', 'medical_genetics',

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
+from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from .config import LLMParams, cache_dir, file_sha256, quiet_loading, repo_root
+from .config import DEFAULT_GENERATOR, LLMParams, cache_dir, file_sha256, quiet_loading, repo_root
 from .data import RateLimiter
-from .parsing import extract_json
+from .parsing import ParsedAnswer, extract_json
 import numpy as np
 from fastcore.basics import patch
 
@@ -793,7 +793,7 @@ def _close_llamas():
 class LlamaCppLLM(LLM):
     "An embedded GGUF model run by llama.cpp on the CPU."
     backend = 'llamacpp'
-    def __init__(self, model: str = 'qwen2.5-coder-0.5b-instruct-q4_k_m', # embedded model name or GGUF path
+    def __init__(self, model: str = DEFAULT_GENERATOR, # embedded model name or GGUF path
                  sha256: str | None = None, # required hash for a GGUF path (embedded models always have one)
                  n_ctx: int = 4096, # context window
                  n_threads: int | None = None, # default: `default_threads()`
@@ -909,6 +909,18 @@ def _choose(self: LlamaCppLLM, context: str | Messages, prefix: str, options: li
         first = self._eval_prefix(ctx)
         lps = [self._continuation(len(ctx), first, c) for c in conts]
     return dict(logprobs=[float(sum(l)) for l in lps], n_tokens=[len(c) for c in conts], context_tokens=len(ctx))
+
+# %% ../nbs/04_llm.ipynb #fc092b4e
+@patch
+def choose_option(self: LLM, prompt: str | Sequence[dict], # the question prompt (messages rendered with the chat template)
+                  options: Mapping[str, str], # option key -> text, e.g. {'A': 'yes', 'B': 'no', 'C': 'maybe'}
+                  prefix: str = 'Answer:', # the assistant turn up to the key, e.g. a rationale + '\nFINAL ANSWER:'
+                  cache: CacheMode | None = None,
+                 ) -> ParsedAnswer: # status 'ok', the most likely key, every key's log-probability, the confidence
+    "The option whose key the model finds most likely after `prefix`: scored, never parsed, so never unparseable."
+    keys = [str(k) for k in options]
+    c = self.choose(prompt, [f' {k}' for k in keys], prefix=prefix, cache=cache)
+    return ParsedAnswer(status='ok', answer=keys[c.index], logprobs=dict(zip(keys, c.logprobs)), confidence=c.confidence)
 
 # %% ../nbs/04_llm.ipynb #640c106d
 def _llm_for(request: dict, cache_dir_: Path) -> 'LLM | None':

@@ -6,14 +6,15 @@
 from __future__ import annotations
 import math, warnings
 from collections import Counter
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Literal, Mapping, Sequence
 import numpy as np
 import pandas as pd
 from .text import tokenize
 
 # %% auto #0
-__all__ = ['bootstrap_ci', 'paired_bootstrap', 'accuracy', 'as_qrels', 'ir_metrics', 'per_query', 'compare_runs', 'gate_sweep',
-           'risk_coverage', 'aurc', 'aurc_optimal', 'sentence_f1', 'token_f1', 'cohen_kappa']
+__all__ = ['Verdict', 'bootstrap_ci', 'paired_bootstrap', 'accuracy', 'mcnemar', 'verdict', 'compare_paired', 'as_qrels',
+           'ir_metrics', 'per_query', 'compare_runs', 'gate_sweep', 'risk_coverage', 'aurc', 'aurc_optimal',
+           'sentence_f1', 'token_f1', 'cohen_kappa']
 
 # %% ../nbs/06_metrics.ipynb #b4fa8d71
 def bootstrap_ci(values: Sequence[float], # per-item scores (e.g. 1 correct / 0 wrong)
@@ -54,6 +55,42 @@ def accuracy(pred: Iterable[str | None], # predicted letters (None = unparseable
     lo, hi = bootstrap_ci(correct, seed=seed)
     return dict(acc=100 * correct.mean() if len(correct) else float('nan'), lo=100 * lo, hi=100 * hi,
                 n=len(gold), n_unparsed=sum(p is None for p in pred))
+
+# %% ../nbs/06_metrics.ipynb #9924ca6a
+def mcnemar(a: Sequence[bool], # per-item correctness of system A
+            b: Sequence[bool], # per-item correctness of system B, same items
+           ) -> float: # two-sided p-value; 1.0 when the systems never disagree
+    "Exact McNemar test of two paired systems: a binomial test on the items exactly one of them gets right."
+    from scipy.stats import binomtest
+    a, b = np.asarray(a, bool), np.asarray(b, bool)
+    if a.shape != b.shape: raise ValueError(f"McNemar needs paired inputs, got {a.shape} and {b.shape}")
+    only_a, only_b = int((a & ~b).sum()), int((~a & b).sum())
+    return 1.0 if only_a + only_b == 0 else float(binomtest(only_a, only_a + only_b, 0.5).pvalue)
+
+# %% ../nbs/06_metrics.ipynb #6da0b807
+Verdict = Literal['confirmed', 'refuted', 'undecided']
+
+def verdict(lo: float, # lower end of the 95% interval of (method - baseline)
+            hi: float, # upper end
+           ) -> Verdict:
+    "The claim 'method beats baseline' read from the interval of the difference: above 0, below 0, or straddling it."
+    if math.isnan(lo) or math.isnan(hi): return 'undecided'
+    return 'confirmed' if lo > 0 else 'refuted' if hi < 0 else 'undecided'
+
+def compare_paired(method: Sequence[bool], # per-item correctness of the paper's method
+                   baseline: Sequence[bool], # per-item correctness of the baseline, same items in the same order
+                   paper_diff: float | None = None, # the paper's own difference, in points (for the note)
+                   seed: int = 42,
+                  ) -> dict: # diff, lo, hi (points), p_mcnemar, n, wins, losses, verdict, note
+    "Method minus baseline accuracy on paired items: bootstrap 95% interval, McNemar p and the verdict."
+    m, b = np.asarray(method, bool), np.asarray(baseline, bool)
+    pb = paired_bootstrap(m.astype(float), b.astype(float), seed=seed)
+    d = {k: 100 * pb[k] for k in ('diff', 'lo', 'hi')}
+    v = verdict(d['lo'], d['hi'])
+    note = f"{v}: {d['diff']:+.1f} points, 95% CI [{d['lo']:+.1f}, {d['hi']:+.1f}], McNemar p = {mcnemar(m, b):.3g}, n = {len(m)}"
+    if paper_diff is not None and not math.isnan(paper_diff):
+        note += f"; paper {paper_diff:+.1f}" + (" (outside our CI)" if not d['lo'] <= paper_diff <= d['hi'] else " (inside our CI)")
+    return dict(**d, p_mcnemar=mcnemar(m, b), n=len(m), wins=int((m & ~b).sum()), losses=int((~m & b).sum()), verdict=v, note=note)
 
 # %% ../nbs/06_metrics.ipynb #5c44e669
 def as_qrels(qrels: Mapping[str, Mapping[str, int] | Iterable[str]] | pd.DataFrame, # dict, or frame qid/doc_id[/score]

@@ -20,6 +20,8 @@ class ParsedAnswer(BaseModel):
     status: Status
     answer: str | None = None    # an option key ('A') or a label ('yes'); None unless status is 'ok'
     raw: str | None = None       # the text it was read from
+    logprobs: dict[str, float] | None = None   # scored answers: every option key's log-probability (nothing parsed)
+    confidence: float | None = None            # scored answers: the chosen option's probability, renormalised over the options
 
     @property
     def ok(self) -> bool: return self.status == 'ok'

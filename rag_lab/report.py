@@ -15,8 +15,9 @@ from .llm import LEDGER, finish_recording, start_recording
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['PAPER_SLUGS', 'RESULT_COLUMNS', 'INDEX_MAX_ROWS', 'parse_reported', 'paper_table', 'atomic_write_text',
-           'markdown_table', 'with_delta', 'Results', 'start_run', 'start_notebook', 'set_style', 'write_index']
+__all__ = ['PAPER_SLUGS', 'RESULT_COLUMNS', 'ITEM_COLUMNS', 'INDEX_MAX_ROWS', 'parse_reported', 'paper_table',
+           'atomic_write_text', 'markdown_table', 'with_delta', 'Results', 'start_run', 'start_notebook', 'set_style',
+           'write_index']
 
 # %% ../nbs/07_report.ipynb #ca90c1a0
 PAPER_SLUGS = tuple(PAPERS)   # from the registry: the papers in their order
@@ -197,6 +198,22 @@ def start_notebook(slug: str, # paper slug
     "`start_run` for a paper notebook: parameters read from its namespace, a misspelt injected name refused."
     p, run = notebook_params(slug, namespace)
     return p, Results(run)
+
+# %% ../nbs/07_report.ipynb #150a2013
+ITEM_COLUMNS = ('dataset', 'item_id', 'system', 'pred', 'gold', 'correct')   # first columns of every items_*.csv
+
+@patch
+def items(self: Results, name: str, # file stem: written as `items_<name>.csv`
+          df: pd.DataFrame, # one row per (item, system): ITEM_COLUMNS, then any others
+         ) -> Path:
+    "Write per-item predictions as `reports/<slug>/items_<name>.csv` (ITEM_COLUMNS first); returns the path."
+    missing = [c for c in ITEM_COLUMNS if c not in df.columns]
+    if missing: raise ValueError(f"items {name!r}: missing column(s) {missing}")
+    dup = df.duplicated(['dataset', 'item_id', 'system'])
+    if dup.any(): raise ValueError(f"items {name!r}: duplicate (dataset, item_id, system) {df.loc[dup, ['dataset', 'item_id', 'system']].values.tolist()[:3]}")
+    out = df[list(ITEM_COLUMNS) + [c for c in df.columns if c not in ITEM_COLUMNS]]
+    self.tables[f'items_{name}'] = out
+    return atomic_write_text(self.report_dir / f'items_{name}.csv', out.to_csv(index=False))
 
 # %% ../nbs/07_report.ipynb #1d4328ca
 def set_style() -> None:
