@@ -14,9 +14,9 @@ from .papers import PAPERS, get_paper
 
 # %% auto #0
 __all__ = ['DEFAULT_SEED', 'SEED_MAX', 'PROFILES', 'Backend', 'DEFAULT_GENERATOR', 'SMOKE_LLM', 'repo_root', 'data_root',
-           'cache_dir', 'out_root', 'seed_everything', 'quiet_loading', 'comma_list_of', 'NotebookParams', 'LLMParams',
-           'param_schema', 'resolve_params', 'parse_param', 'package_versions', 'git_commit', 'file_sha256', 'RunInfo',
-           'run_params', 'injected_parameters', 'notebook_params']
+           'cache_dir', 'out_root', 'scratch_root', 'seed_everything', 'quiet_loading', 'comma_list_of',
+           'NotebookParams', 'LLMParams', 'param_schema', 'resolve_params', 'parse_param', 'package_versions',
+           'git_commit', 'file_sha256', 'RunInfo', 'run_params', 'injected_parameters', 'notebook_params']
 
 # %% ../nbs/00_config.ipynb #55ea4637
 def repo_root(start: Path | str | None = None, # where to start looking (default: the working directory)
@@ -47,6 +47,16 @@ def out_root(out_dir: str | Path | None = None) -> Path:
     "Where `reports/` and `figures/` go: `out_dir`, else `$RAG_LAB_OUT`, else the repository root."
     if out_dir: return Path(out_dir).expanduser().resolve()
     return _env_path('RAG_LAB_OUT', repo_root())
+
+def scratch_root(profile: str, # the run's profile, part of the folder name
+                 tag: str = '', # e.g. 'notebook' for a notebook run by hand
+                ) -> Path: # a new folder (not created) under the git-ignored runs/
+    "A fresh scratch output root `runs/<date>-<time>-<profile>[-<tag>]/` for runs that must not replace the published results."
+    stamp = time.strftime('%Y-%m-%d-%H%M%S')
+    base = repo_root() / 'runs' / f"{stamp}-{profile}{'-' + tag if tag else ''}"
+    p, i = base, 1
+    while p.exists(): p, i = base.with_name(f'{base.name}.{i}'), i + 1   # two runs in the same second
+    return p
 
 # %% ../nbs/00_config.ipynb #0ccaffd4
 DEFAULT_SEED = 42

@@ -9,15 +9,15 @@ from pathlib import Path
 from importlib import resources
 import numpy as np
 import pandas as pd
-from .config import NotebookParams, RunInfo, notebook_params, out_root, run_params
-from .papers import PAPERS
+from .config import NotebookParams, RunInfo, notebook_params, out_root, run_params, scratch_root
+from .papers import CHAPTERS, PAPERS
 from .llm import LEDGER, finish_recording, start_recording
 from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['PAPER_SLUGS', 'RESULT_COLUMNS', 'ITEM_COLUMNS', 'INDEX_MAX_ROWS', 'parse_reported', 'paper_table',
            'atomic_write_text', 'markdown_table', 'with_delta', 'Results', 'start_run', 'start_notebook', 'set_style',
-           'write_index']
+           'scorecard', 'scorecard_text', 'rounded_for_reading', 'write_index']
 
 # %% ../nbs/07_report.ipynb #ca90c1a0
 PAPER_SLUGS = tuple(PAPERS)   # from the registry: the papers in their order
@@ -88,17 +88,25 @@ def with_delta(df: pd.DataFrame) -> pd.DataFrame:
 class Results:
     "Writes one paper's tables, figures and run metadata under the results contract."
     def __init__(self, run: RunInfo, # the run record (slug, profile, params)
-                 out_dir: str | Path | None = None, # default: $RAG_LAB_OUT (the runner's staging folder), else the repo
+                 out_dir: str | Path | None = None, # default: $RAG_LAB_OUT (the runner's staging folder), else a scratch folder
                 ):
-        if run.slug not in PAPER_SLUGS: raise ValueError(f"unknown paper slug {run.slug!r}; known: {PAPER_SLUGS}")
+        if run.slug not in CHAPTERS: raise ValueError(f"unknown paper slug {run.slug!r}; known: {tuple(CHAPTERS)}")
         self.run, self.slug = run, run.slug
-        explicit = out_dir or os.environ.get('RAG_LAB_OUT')
-        # under nbdev_test with no output folder named, smoke outputs go to a temp folder, not over committed reports
-        root = out_root(explicit) if explicit or not os.environ.get('IN_TEST') else Path(tempfile.mkdtemp(prefix='rag_lab_test_'))
-        self.report_dir, self.figure_dir = root / 'reports' / self.slug, root / 'figures' / self.slug
+        self.root = self._root(out_dir or os.environ.get('RAG_LAB_OUT'), run.profile)
+        self.report_dir, self.figure_dir = self.root / 'reports' / self.slug, self.root / 'figures' / self.slug
         self.tables: dict[str, pd.DataFrame] = {}
         self.figures: list[str] = []
         start_recording(self.slug, run.profile)   # a no-op unless $RAG_LAB_RECORD is 1
+
+    @staticmethod
+    def _root(explicit: str | Path | None, profile: str) -> Path:
+        "The output root: the one named (`rag-lab reproduce` stages there), a temp folder under nbdev_test, else scratch."
+        if explicit: return out_root(explicit)
+        if os.environ.get('IN_TEST'): return Path(tempfile.mkdtemp(prefix='rag_lab_test_'))
+        # run by hand (JupyterLab, papermill): never over the published results, which only `make reproduce` writes
+        root = scratch_root(profile, 'notebook')
+        print(f"outputs of this run go to {root} (scratch; the published results are written only by `make reproduce`)")
+        return root
 
     def figure(self, name: str, # file stem
                fig, # a matplotlib Figure
@@ -224,18 +232,94 @@ def set_style() -> None:
     plt.rcParams.update({'figure.figsize': (6.4, 4.0), 'figure.dpi': 100, 'savefig.dpi': 150, 'figure.constrained_layout.use': True,
                          'axes.titleweight': 'bold', 'axes.spines.top': False, 'axes.spines.right': False})
 
-# %% ../nbs/07_report.ipynb #7c9e7494
+# %% ../nbs/07_report.ipynb #c4648f07
+def _result_csvs(rdir: Path) -> list[Path]:
+    "A paper's result tables (not per-item files), in reading order: headline, Table 1, 2, …, figures, then extensions."
+    def key(p: Path):
+        m = re.fullmatch(r'(table|figure|fig)(\d+)(.*)', p.stem)
+        return (0, 0, '') if p.stem == 'headline' else (1, int(m[2]), m[3]) if m and m[1] == 'table' else \
+               (2, int(m[2]), m[3]) if m else (3, 0, p.stem)
+    return sorted((p for p in rdir.glob('*.csv') if not p.stem.startswith('items_')), key=key)
+
+# %% ../nbs/07_report.ipynb #ddb3d990
+def _headline_verdict(rdir: Path) -> str:
+    "The first comparison's verdict in `headline.csv` and how many comparisons fall in each class ('' if none)."
+    p = rdir / 'headline.csv'
+    if not p.exists(): return ''
+    notes = pd.read_csv(p, dtype={'note': str}).note.dropna()
+    verdicts = [m[1] for m in (re.match(r'(confirmed|refuted|undecided)\b', n) for n in notes) if m]
+    if not verdicts: return ''
+    counts = pd.Series(verdicts).value_counts()
+    return f"{verdicts[0]} ({', '.join(f'{counts.get(v, 0)} {v}' for v in ('confirmed', 'refuted', 'undecided'))})"
+
+def scorecard(root: Path | str | None = None, # output root holding reports/
+             ) -> pd.DataFrame: # one row per paper that has published outputs
+    "Per paper: cells vs the paper (within 5% / 10%, median relative error), median n, headline verdict, profile, model, wall time."
+    root, rows = out_root(root), []
+    for slug in PAPER_SLUGS:
+        rdir = root / 'reports' / slug
+        if not (rdir / 'run_meta.json').exists(): continue
+        df = pd.concat([pd.read_csv(p) for p in _result_csvs(rdir)], ignore_index=True)
+        both = df[df.paper.notna() & df.ours.notna()]
+        exact = np.where(both.ours == 0, 0.0, np.inf)   # a paper value of 0: only an exact 0 is close
+        rel = pd.Series(np.where(both.paper != 0, (both.ours - both.paper).abs() / both.paper.abs().where(both.paper != 0, 1), exact))
+        m = json.loads((rdir / 'run_meta.json').read_text())
+        c = m.get('llm_calls') or {}
+        how = ('no LLM' if not c else f"cold, {c.get('computed', 0)} calls computed" if c.get('computed') else
+               f"replayed ({c.get('record', 0)} from records, {c.get('cache', 0)} from the cache)")
+        rows.append(dict(paper=slug, paper_cells=int(df.paper.notna().sum()), computed=int(df.ours.notna().sum()),
+                         compared=len(both), within_5pct=int((rel <= 0.05).sum()), within_10pct=int((rel <= 0.10).sum()),
+                         median_rel_error=float(rel[np.isfinite(rel)].median()) if np.isfinite(rel).any() else float('nan'),
+                         median_n=float(df.n[df.ours.notna()].median()) if df.n[df.ours.notna()].notna().any() else float('nan'),
+                         headline=_headline_verdict(rdir), profile=m.get('profile'),
+                         model=', '.join(sorted({str(v) for v in (m.get('models') or {}).values()})) or '-',
+                         wall_seconds=m.get('wall_seconds'), run=how))
+    return pd.DataFrame(rows)
+
+# %% ../nbs/07_report.ipynb #c0baa395
+def scorecard_text(root: Path | str | None = None) -> str:
+    "The scorecard as a markdown table, for the top of `reports/index.md` and the end of `rag-lab reproduce`."
+    sc = scorecard(root)
+    if not len(sc): return 'Scorecard: no published outputs yet.\n'
+    show = sc.assign(median_rel_error=[f'{x:.1%}' if x == x else '' for x in sc.median_rel_error],
+                     wall=[f'{w / 60:.1f} min' if w is not None else '' for w in sc.wall_seconds]).drop(columns='wall_seconds')
+    return '## Scorecard\n\n' + markdown_table(show)
+
+# %% ../nbs/07_report.ipynb #55d0543d
+def _decimals(text) -> int | None:
+    "Decimals of a number as printed ('74.27' -> 2, '12' -> 0); None if `text` is not a printed number."
+    s = str(text).strip().replace(',', '') if text is not None else ''
+    if not re.fullmatch(r'[+-]?\d*\.?\d+', s): return None
+    return len(s.split('.')[1]) if '.' in s else 0
+
+def rounded_for_reading(df: pd.DataFrame, # a contract table (with `delta`)
+                        slug: str, table: str, # whose paper precision to use
+                       ) -> pd.DataFrame:
+    "paper, ours and delta as text at the paper's printed precision for that cell (else 4 significant digits)."
+    pt = paper_table(slug, table)
+    dec = {(r, m): _decimals(t) for r, m, t in zip(pt.row, pt.metric, pt.paper_text)}
+    out = df.copy().astype({c: object for c in ('paper', 'ours', 'delta') if c in df})
+    for i, (r, m) in enumerate(zip(df.row, df.metric)):
+        d = dec.get((r, m))
+        for c in ('paper', 'ours', 'delta'):
+            if c in df and d is not None and pd.notna(df[c].iloc[i]): out.iloc[i, df.columns.get_loc(c)] = f'{df[c].iloc[i]:.{d}f}'
+    return out
+
+# %% ../nbs/07_report.ipynb #237c5347
 INDEX_MAX_ROWS = 60  # tables longer than this are linked from the index, not inlined
 
 def write_index(root: Path | str | None = None, # output root holding reports/ and figures/
                 status: dict[str, str] | None = None, # slug -> 'ok' / error text, from the runner
                ) -> Path:
-    "Write `reports/index.md` summarising every table (paper vs ours with deltas), figure and run."
+    "Write `reports/index.md`: the scorecard, a table of contents, then every paper's tables (paper's order and precision), figures and run."
     root = out_root(root)
+    slugs = [s for s in CHAPTERS if (root / 'reports' / s).exists() or (status and s in status)]
     parts = ['# rag_lab: regenerated tables and figures\n',
              '`paper` = the value the paper reports; `ours` = computed in the run named under each paper. '
-             'Empty `ours`: not computed by this run (not reproducible here, or not yet implemented).\n']
-    for slug in PAPER_SLUGS:
+             'Empty `ours`: not computed by this run (not reproducible here, or not yet implemented).\n',
+             scorecard_text(root), '\n## Contents\n',
+             *[f"- [{s}](#{s}): {', '.join(p.stem for p in _result_csvs(root / 'reports' / s)) or 'no outputs yet'}" for s in slugs]]
+    for slug in slugs:
         rdir = root / 'reports' / slug
         parts.append(f'\n## {slug}\n')
         if status and slug in status and status[slug] != 'ok': parts.append(f'**Run status:** {status[slug]}\n')
@@ -247,11 +331,14 @@ def write_index(root: Path | str | None = None, # output root holding reports/ a
                          f"params `{json.dumps({k: v for k, v in m['params'].items() if k != 'out_dir'})}`\n")
         elif not rdir.exists():
             parts.append('_No outputs yet._\n'); continue
-        for csv in sorted(rdir.glob('*.csv')):
+        for csv in _result_csvs(rdir):
             df = pd.read_csv(csv)
-            if len(df) > INDEX_MAX_ROWS:  # long per-item tables: a link keeps the index readable
+            if len(df) > INDEX_MAX_ROWS:  # long tables: a link keeps the index readable
                 parts.append(f'\n### {csv.stem}\n\n{len(df)} rows: [{csv.stem}.md]({slug}/{csv.stem}.md)\n'); continue
-            parts.append(f'\n### {csv.stem}\n\n' + markdown_table(with_delta(df)[['row', 'metric', 'paper', 'ours', 'delta', 'n', 'model', 'note']]))
+            shown = rounded_for_reading(with_delta(df), slug, csv.stem)[['row', 'metric', 'paper', 'ours', 'delta', 'n', 'model', 'note']]
+            parts.append(f'\n### {csv.stem}\n\n' + markdown_table(shown))
+        items = sorted(rdir.glob('items_*.csv'))
+        if items: parts.append('\nPer-item predictions: ' + ', '.join(f'[{p.name}]({slug}/{p.name})' for p in items) + '\n')
         fdir = root / 'figures' / slug
         for png in sorted(fdir.glob('*.png')) if fdir.exists() else []:
             parts.append(f'\n![{slug} {png.stem}](../figures/{slug}/{png.name})\n')

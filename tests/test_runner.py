@@ -162,3 +162,44 @@ def test_html_report_escapes_text_from_errors_and_data(tmp_path):
     assert report(str(tmp_path)) == 0
     page = (tmp_path / 'reports' / 'index.html').read_text()
     assert '<script>' not in page and '&lt;script&gt;' in page
+
+
+def test_version_list_and_params(repo):
+    from rag_lab import __version__
+    r = _run('--version')
+    assert r.returncode == 0 and r.stdout.strip() == f'rag_lab {__version__}', r.stdout + r.stderr
+    r = _run('list')
+    assert r.returncode == 0, r.stderr
+    from rag_lab.papers import CHAPTERS
+    for slug, p in CHAPTERS.items():
+        assert f'{slug}: ' in r.stdout and p.notebook in r.stdout
+    assert 'last published run: profile default' in r.stdout   # the committed claim_aware results
+    r = _run('params', 'claim_aware')
+    assert r.returncode == 0 and 'rrf_k (int): smoke=60, default=60, paper=60' in r.stdout, r.stdout
+    assert 'dense_epochs (int): smoke=2, default=40, paper=40' in r.stdout
+    r = _run('params', 'nope')
+    assert r.returncode == 2 and 'unknown paper' in r.stderr
+
+
+def test_a_smoke_run_writes_to_scratch_and_leaves_git_status_clean(repo):
+    "Only the main job publishes: a smoke run writes under runs/ (git-ignored), says where, and changes nothing git sees."
+    import shutil
+    # where a run could write (other paths may be edited by people working in this checkout while the test runs)
+    def status():
+        lines = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=all'], cwd=repo, capture_output=True, text=True).stdout.splitlines()
+        return [l for l in lines if l[3:].startswith(('reports/', 'figures/', 'records/', 'runs/', 'data/'))
+                or (l.startswith('??') and l[3:].startswith('nbs/'))]   # a new file in nbs/ would be an executed copy
+    before = status()
+    r = _run('reproduce', '--profile', 'smoke', '--only', 'claim_aware', '--no-progress', cwd=repo)
+    try:
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        line = next(l for l in r.stdout.splitlines() if l.startswith('writing to '))
+        dest = Path(line.split()[2])
+        assert dest.parent == repo / 'runs' and dest.name.endswith('-smoke') and 'scratch' in line
+        assert (dest / 'reports' / 'claim_aware' / 'table5.csv').exists() and (dest / 'reports' / 'index.md').exists()
+        assert json.loads((repo / 'reports' / 'claim_aware' / 'run_meta.json').read_text())['profile'] == 'default'
+        assert status() == before, (before, status())
+        assert '## Scorecard' in r.stdout and '| claim_aware |' in r.stdout   # printed at the end
+    finally:
+        for l in r.stdout.splitlines():
+            if l.startswith('writing to ') and '/runs/' in l: shutil.rmtree(l.split()[2], ignore_errors=True)

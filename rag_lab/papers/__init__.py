@@ -8,7 +8,7 @@ import importlib
 from dataclasses import dataclass
 
 # %% auto #0
-__all__ = ['PAPERS', 'Paper', 'get_paper']
+__all__ = ['PAPERS', 'CHAPTERS', 'Paper', 'get_paper']
 
 # %% ../../nbs/index.ipynb #b51f4e89
 @dataclass(frozen=True)
@@ -19,6 +19,8 @@ class Paper:
     notebook: str             # the chapter papermill runs (nbs/)
     method: tuple[str, ...]   # the notebooks that export its module (nbs/)
     datasets: str             # what it evaluates on
+    kind: str = 'paper'       # 'paper', or 'comparison' for a chapter across papers
+    needs: tuple[str, ...] = ()   # chapters whose published outputs it reads (the runner runs it after them)
 
     @property
     def module(self) -> str: return f'rag_lab.papers.{self.slug}'
@@ -51,8 +53,10 @@ PAPERS: dict[str, Paper] = {p.slug: p for p in [
           ('51_pubmed_reasoner_eutils.ipynb', '52_pubmed_reasoner_method.ipynb'), 'PubMedQA, MMLU clinical knowledge'),
 ]}
 
-def get_paper(slug: str, # a paper slug
+CHAPTERS: dict[str, Paper] = dict(PAPERS)   # every chapter the runner runs: the five papers, then chapters across them
+
+def get_paper(slug: str, # a chapter slug
              ) -> Paper:
-    "The registered paper `slug`, or a `KeyError` that lists the slugs."
-    if slug not in PAPERS: raise KeyError(f"unknown paper {slug!r}; choose from {', '.join(PAPERS)}")
-    return PAPERS[slug]
+    "The registered chapter `slug`, or a `KeyError` that lists the slugs."
+    if slug not in CHAPTERS: raise KeyError(f"unknown paper {slug!r}; choose from {', '.join(CHAPTERS)}")
+    return CHAPTERS[slug]
