@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell sha256sum settings.ini setup.py tools/llama_
 NODEPS = $(shell sed -n 's/^nodeps_requirements *= *//p' settings.ini)
 LLAMA_REQ = $(shell grep -o 'llama-cpp-python[^ ]*' settings.ini)
 
-.PHONY: install reproduce test report bench lab clean-outputs sync check-sync
+.PHONY: install reproduce test site bench lab clean-outputs sync check-sync
 
 install: $(STAMP)
 
@@ -38,9 +38,9 @@ reproduce: install
 test: install
 	bash tools/run_tests.sh
 
-## browsable HTML report of the last reproduce run
-report: install
-	$(BIN)/rag-lab report
+## the website of the last published run (README, scorecard, executed chapters, per-item outputs, library): reports/site/
+site: install
+	$(BIN)/rag-lab site
 
 ## retrieval and generation speed benchmarks
 bench: install

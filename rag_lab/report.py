@@ -4,7 +4,7 @@
 
 # %% ../nbs/07_report.ipynb #0ab7959f
 from __future__ import annotations
-import json, math, os, re, tempfile
+import html, json, math, os, re, tempfile
 from pathlib import Path
 from importlib import resources
 import numpy as np
@@ -15,9 +15,10 @@ from .llm import LEDGER, finish_recording, start_recording
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['PAPER_SLUGS', 'RESULT_COLUMNS', 'ITEM_COLUMNS', 'INDEX_MAX_ROWS', 'parse_reported', 'paper_table',
+__all__ = ['PAPER_SLUGS', 'RESULT_COLUMNS', 'ITEM_COLUMNS', 'INDEX_MAX_ROWS', 'MATHJAX_PACKAGE', 'parse_reported', 'paper_table',
            'atomic_write_text', 'markdown_table', 'with_delta', 'Results', 'start_run', 'start_notebook', 'set_style',
-           'scorecard', 'scorecard_text', 'rounded_for_reading', 'write_index']
+           'scorecard', 'scorecard_text', 'rounded_for_reading', 'write_index', 'local_mathjax', 'item_browser',
+           'site_sources', 'build_site']
 
 # %% ../nbs/07_report.ipynb #ca90c1a0
 PAPER_SLUGS = tuple(PAPERS)   # from the registry: the papers in their order
@@ -343,3 +344,152 @@ def write_index(root: Path | str | None = None, # output root holding reports/ a
         for png in sorted(fdir.glob('*.png')) if fdir.exists() else []:
             parts.append(f'\n![{slug} {png.stem}](../figures/{slug}/{png.name})\n')
     return atomic_write_text(root / 'reports' / 'index.md', '\n'.join(parts))
+
+# %% ../nbs/07_report.ipynb #64e5d26a
+MATHJAX_PACKAGE = ('mathjax-3.2.2.tgz', '1b9c0a1c44df864e915690558e72adb9cc5203360daefd385084ced3b6c64c09')  # npm pack mathjax@3.2.2
+
+def local_mathjax(extra: Path, # a folder copied to the site's root as is: MathJax goes to <extra>/mathjax/
+                 ) -> Path: # the entry script, <extra>/mathjax/tex-chtml-full.js
+    "MathJax 3 from the npm registry (`npm pack`, sha256-checked, cached under .cache/site), unpacked into the site."
+    import tarfile, subprocess
+    from rag_lab.config import cache_dir, file_sha256
+    name, sha = MATHJAX_PACKAGE
+    tgz = cache_dir('site') / name
+    if not tgz.exists():
+        r = subprocess.run(['npm', 'pack', name.removesuffix('.tgz').replace('mathjax-', 'mathjax@'), '--silent'],
+                           cwd=tgz.parent, capture_output=True, text=True)
+        if r.returncode or not tgz.exists():
+            raise RuntimeError(f"could not fetch MathJax with `npm pack` ({r.stderr.strip()[-300:]}); put {name} into {tgz.parent}")
+    if file_sha256(tgz) != sha:
+        tgz.unlink(); raise RuntimeError(f"{name} does not have sha256 {sha}: removed, run again to fetch it anew")
+    dest = extra / 'mathjax'   # not under _static: Jupyter Book would load every script found there
+    with tarfile.open(tgz) as t:
+        members = [m for m in t.getmembers() if m.name.startswith('package/es5/') and m.isfile()]
+        for m in members: m.name = m.name.removeprefix('package/es5/')
+        t.extractall(dest, members=members, filter='data')
+    return dest / 'tex-chtml-full.js'
+
+# %% ../nbs/07_report.ipynb #1f3e50e9
+def _cell(v) -> str:
+    "A value as escaped HTML text (long texts keep their line breaks in a <pre>)."
+    if v is None or (isinstance(v, float) and math.isnan(v)): return ''
+    s = html.escape(_fmt(v) if isinstance(v, (float, np.floating)) else str(v))
+    return f'<pre>{s}</pre>' if len(s) > 80 or '\n' in s else s
+
+def item_browser(items: pd.DataFrame, # an items_*.csv: ITEM_COLUMNS then any others
+                 title: str, # page title
+                 limit: int = 300, # items shown (the CSV has all of them)
+                ) -> str:
+    "A markdown page with one collapsible block per item: every system's answer, gold, correctness and the other columns."
+    parts = [f'# {html.escape(title)}\n', f'{items.item_id.nunique()} items, {items.system.nunique()} systems '
+             f'({", ".join(html.escape(str(s)) for s in items.system.unique())}); '
+             f'accuracy per system: ' + ', '.join(f'{html.escape(str(s))} {100 * g.correct.astype(bool).mean():.1f}%'
+                                                  for s, g in items.groupby('system', sort=False)) + '.\n']
+    extra = [c for c in items.columns if c not in ITEM_COLUMNS]
+    for (ds, iid), g in list(items.groupby(['dataset', 'item_id'], sort=False))[:limit]:
+        right = int(g.correct.astype(bool).sum())
+        rows = ''.join(f"<tr><td>{_cell(r.system)}</td><td>{_cell(r.pred)}</td><td>{_cell(r.gold)}</td>"
+                       f"<td>{'✔' if bool(r.correct) else '✘'}</td>" + ''.join(f'<td>{_cell(getattr(r, c))}</td>' for c in extra) + '</tr>'
+                       for r in g.itertuples(index=False))
+        head = ''.join(f'<th>{html.escape(c)}</th>' for c in ['system', 'pred', 'gold', 'correct', *extra])
+        parts.append(f'<details><summary>{html.escape(str(ds))} / {html.escape(str(iid))}: {right} of {len(g)} systems right'
+                     f'</summary>\n<table class="items"><tr>{head}</tr>{rows}</table>\n</details>\n')
+    if items.item_id.nunique() > limit: parts.append(f'\n(first {limit} items; the CSV has all of them)\n')
+    return '\n'.join(parts)
+
+# %% ../nbs/07_report.ipynb #ca08ffcf
+_SITE_CONFIG = """title: rag_lab
+author: rag_lab developers
+copyright: '2026'
+only_build_toc_files: true
+execute:
+  execute_notebooks: 'off'
+launch_buttons:
+  notebook_interface: ''
+  thebe: false
+html:
+  use_repository_button: false
+  use_issues_button: false
+  use_edit_page_button: false
+parse:
+  myst_enable_extensions: [dollarmath, amsmath, html_image]
+sphinx:
+  config:
+    # Jupyter Book's list without sphinx_thebe (live code from a CDN; it also declares its script twice), comments, intersphinx
+    extensions: [sphinx_togglebutton, sphinx_copybutton, myst_nb, jupyter_book, sphinx_external_toc, sphinx_design, sphinx_book_theme]
+    mathjax_path: ../mathjax/tex-chtml-full.js
+    html_extra_path: [_extra]
+    html_use_index: false
+    html_favicon: _static/favicon.png
+    nb_ipywidgets_js: {}
+    html_theme_options:
+      default_mode: light
+      use_download_button: false
+      use_fullscreen_button: false
+    html_css_files: [items.css]
+"""
+
+def _toc(parts: dict[str, list[str]]) -> str:
+    "Jupyter Book's _toc.yml: the landing page, then one part per caption."
+    out = 'format: jb-book\nroot: intro\nparts:\n'
+    for caption, files in parts.items():
+        if files: out += f'  - caption: {caption}\n    chapters:\n' + ''.join(f'      - file: {f}\n' for f in files)
+    return out
+
+# %% ../nbs/07_report.ipynb #4dc74865
+def site_sources(root: Path | str | None = None, # output root of the run to publish (default: the repository)
+                 src: Path | str | None = None, # where to write the book's sources (default: <root>/reports/site-src)
+                ) -> Path: # the sources folder
+    "Write the Jupyter Book sources: README, scorecard, executed paper chapters, item browsers, library notebooks."
+    import shutil
+    from rag_lab.config import repo_root
+    root, repo = out_root(root), repo_root()
+    src = Path(src) if src else root / 'reports' / 'site-src'
+    if src.exists(): shutil.rmtree(src)
+    (src / '_static').mkdir(parents=True)
+    (src / '_config.yml').write_text(_SITE_CONFIG)
+    (src / '_static' / 'items.css').write_text('table.items td{vertical-align:top;font-size:0.8em} table.items pre{white-space:pre-wrap;max-width:40em}\n')
+    local_mathjax(src / '_extra')
+    import matplotlib.pyplot as plt
+    fig = plt.figure(figsize=(0.32, 0.32)); fig.text(0.5, 0.5, 'R', ha='center', va='center', fontsize=14, weight='bold')
+    fig.savefig(src / '_static' / 'favicon.png', dpi=100); plt.close(fig)   # a page without an icon makes browsers ask for /favicon.ico
+    (src / 'intro.md').write_text((repo / 'README.md').read_text())
+    (src / 'scorecard.md').write_text('# Scorecard\n\nComputed from the published CSVs of this run (`reports/<slug>/*.csv`).\n\n'
+                                      + html.escape(scorecard_text(root), quote=False).replace('## Scorecard', ''))
+    parts = {'Results': ['scorecard'], 'Per-item outputs': [], 'Library': []}
+    for slug, p in CHAPTERS.items():
+        executed = root / 'reports' / 'executed' / p.notebook
+        if not executed.exists(): continue   # no published run of this chapter: nothing to show
+        (src / 'papers').mkdir(exist_ok=True); shutil.copy2(executed, src / 'papers' / p.notebook)
+        parts['Results'].append(f'papers/{Path(p.notebook).stem}')
+        for csv in sorted((root / 'reports' / slug).glob('items_*.csv')):
+            (src / 'items').mkdir(exist_ok=True)
+            page = f'items/{slug}-{csv.stem.removeprefix("items_")}'
+            (src / f'{page}.md').write_text(item_browser(pd.read_csv(csv, dtype={'item_id': str}), f'{slug}: {csv.stem}'))
+            parts['Per-item outputs'].append(page)
+    (src / 'library').mkdir()
+    lib = sorted(repo.glob('nbs/0*.ipynb')) + [repo / 'nbs' / m for p in PAPERS.values() for m in p.method]
+    for nb in lib:
+        shutil.copy2(nb, src / 'library' / nb.name); parts['Library'].append(f'library/{nb.stem}')
+    (src / '_toc.yml').write_text(_toc(parts))
+    return src
+
+# %% ../nbs/07_report.ipynb #0275fa7c
+def build_site(root: Path | str | None = None, # output root of the run to publish (default: the repository)
+               out: Path | str | None = None, # where the HTML goes (default: <root>/reports/site)
+              ) -> Path: # the site's index.html
+    "Build the website of a run with Jupyter Book 1.x (offline); raises with the builder's own message when it fails."
+    import subprocess, sys, shutil
+    root = out_root(root)
+    src = site_sources(root)
+    out = Path(out) if out else root / 'reports' / 'site'
+    if out.exists(): shutil.rmtree(out)
+    jb = Path(sys.executable).parent / 'jupyter-book'
+    r = subprocess.run([str(jb), 'build', str(src), '--path-output', str(out), '--quiet', '--keep-going'],
+                       capture_output=True, text=True)
+    index = out / '_build' / 'html' / 'index.html'
+    if r.returncode or not index.exists(): raise RuntimeError(f"jupyter-book failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    for page in index.parent.rglob('*.html'):  # the theme logs a console error on a first visit (no stored mode); start at its default
+        t = page.read_text(encoding='utf-8')
+        if 'localStorage.getItem("mode") || ""' in t: page.write_text(t.replace('localStorage.getItem("mode") || ""', 'localStorage.getItem("mode") || "auto"'), encoding='utf-8')
+    return index

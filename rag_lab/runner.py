@@ -15,8 +15,8 @@ from .report import write_index, scorecard_text
 
 # %% auto #0
 __all__ = ['KERNEL_HASHSEED', 'RECORDED_PROFILES', 'UsageError', 'notebook_parameters', 'plan_run', 'check_out_root',
-           'destination', 'output_lock', 'progress_line', 'run_notebook', 'reproduce', 'report', 'records_command',
-           'list_command', 'params_command', 'main']
+           'destination', 'output_lock', 'progress_line', 'run_notebook', 'reproduce', 'site_command',
+           'records_command', 'list_command', 'params_command', 'main']
 
 # %% ../nbs/08_runner.ipynb #4fae61f3
 class UsageError(ValueError):
@@ -230,8 +230,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser('list', help='papers, their tables and figures, and the last published run of each')
     pp = sub.add_parser('params', help="a paper's parameters: type, value per profile, one-line doc")
     pp.add_argument('slug', help=f"one of {', '.join(PAPERS)}")
-    h = sub.add_parser('report', help='render executed notebooks and the index as HTML')
-    h.add_argument('--out', help='output root used by `reproduce --out`')
+    h = sub.add_parser('site', help='build the website of a run: README, scorecard, executed chapters, per-item outputs, library')
+    h.add_argument('--out', help='output root used by `reproduce --out` (default: the published run)')
     rc = sub.add_parser('records', help='the committed records of LLM calls')
     rc.add_argument('action', choices=('stats', 'verify', 'prune'), help='stats: size and counts; verify: recompute a '
                     'random sample and compare; prune: drop records no notebook run uses')
@@ -308,29 +308,17 @@ def _calls_note(root: Path, slug: str, status: str) -> str:
     return note + (f", {c['differs_from_record']} DIFFER from their record" if c.get('differs_from_record') else '')
 
 # %% ../nbs/08_runner.ipynb #336865ec
-def report(out: str | None = None) -> int:
-    "Render `reports/executed/*.ipynb` to HTML and `reports/index.md` to `reports/index.html`."
-    import nbformat
-    from nbconvert import HTMLExporter
-    from markdown_it import MarkdownIt
+def site_command(out: str | None = None, # output root of the run to publish (default: the repository's published run)
+                ) -> int:
+    "Build the website of a run (`reports/site/_build/html/index.html` under its output root)."
+    from rag_lab.report import build_site
     root = out_root(out)
-    idx = root / 'reports' / 'index.md'
-    if not idx.exists():
-        print(f"rag-lab: error: {idx} does not exist; run `rag-lab reproduce` first", file=sys.stderr); return 2
-    html_dir = root / 'reports' / 'html'; html_dir.mkdir(parents=True, exist_ok=True)
-    links = []
-    for nb in sorted((root / 'reports' / 'executed').glob('*.ipynb')):
-        body, _ = HTMLExporter().from_notebook_node(nbformat.read(nb, as_version=4))
-        (html_dir / f'{nb.stem}.html').write_text(body, encoding='utf-8')
-        links.append(f'<li><a href="html/{html.escape(nb.stem, quote=True)}.html">{html.escape(nb.stem)}</a></li>')
-    # raw HTML in the index (error texts, table cells from data) is shown as text, never interpreted
-    md = MarkdownIt('commonmark', {'html': False}).enable('table').render(idx.read_text())
-    page = (f'<!doctype html><meta charset="utf-8"><title>rag_lab report</title>'
-            '<style>body{font-family:sans-serif;max-width:75em;margin:auto}table{border-collapse:collapse}'
-            'td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:48em}</style>'
-            f'<h2>Executed notebooks</h2><ul>{"".join(links)}</ul>{md}')
-    (root / 'reports' / 'index.html').write_text(page, encoding='utf-8')
-    print(f"report: {root / 'reports' / 'index.html'}")
+    if not (root / 'reports' / 'executed').is_dir():
+        print(f"rag-lab: error: {root / 'reports' / 'executed'} does not exist; run `rag-lab reproduce` first", file=sys.stderr); return 2
+    try: index = build_site(root)
+    except RuntimeError as e:
+        print(f"rag-lab: error: {e}", file=sys.stderr); return 1
+    print(f"site: {index}")
     return 0
 
 # %% ../nbs/08_runner.ipynb #fd09dae6
@@ -395,4 +383,4 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == 'records': return records_command(a.action, a.sample, a.seed)
     if a.cmd == 'list': return list_command()
     if a.cmd == 'params': return params_command(a.slug)
-    return report(a.out)
+    return site_command(a.out)

@@ -64,25 +64,6 @@ def test_failing_notebook_keeps_previous_outputs_and_exits_1(tmp_path):
     assert (out / 'reports' / 'executed' / '10_reason_verify.ipynb').exists()   # the executed copy shows the error
     assert not (nbs / 'reports').exists() and sorted(p.name for p in nbs.iterdir()) == ['10_reason_verify.ipynb']
 
-def test_report_renders_html(tmp_path):
-    nbs, out = tmp_path / 'nbs', tmp_path / 'out'; nbs.mkdir()
-    _paper_nb(nbs / '10_reason_verify.ipynb', WRITE_TABLE)
-    assert _run('reproduce', '--notebooks', str(nbs), '--profile', 'smoke', '--out', str(out), '--no-progress').returncode == 0
-    r = _run('report', '--out', str(out))
-    assert r.returncode == 0, r.stderr
-    html = (out / 'reports' / 'index.html').read_text()
-    assert '<table>' in html and '92.56' in html and (out / 'reports' / 'html' / '10_reason_verify.html').exists()
-
-def test_report_without_a_run_is_a_clear_error(tmp_path):
-    r = _run('report', '--out', str(tmp_path))
-    assert r.returncode == 2 and 'run `rag-lab reproduce` first' in r.stderr
-
-from rag_lab.config import param_schema
-from rag_lab.papers import PAPERS
-from rag_lab.runner import notebook_parameters
-
-REPO = Path(__file__).resolve().parents[1]
-
 @pytest.mark.parametrize('slug', [s for s, p in PAPERS.items() if (REPO / 'nbs' / p.notebook).exists()])
 def test_paper_notebook_exposes_its_whole_schema_to_papermill(slug):
     "Every knob of the notebook's schema is a papermill parameter, readable by papermill itself (kernel and all)."
@@ -152,16 +133,6 @@ def test_misspelt_parameter_given_to_papermill_directly_stops_the_notebook(tmp_p
         pm.execute_notebook(str(tmp_path / 'nb.ipynb'), str(tmp_path / 'out.ipynb'), parameters=dict(profile='smoke', sed=3),
                             progress_bar=False, kernel_name='python3')
     assert "unknown parameter(s) ['sed']" in str(e.value) and 'valid: profile, seed, n' in str(e.value)
-
-
-def test_html_report_escapes_text_from_errors_and_data(tmp_path):
-    from rag_lab.report import write_index
-    from rag_lab.runner import report
-    (tmp_path / 'reports').mkdir()
-    write_index(tmp_path, status={'rag2': 'failed: ValueError: <script>alert(1)</script>'})
-    assert report(str(tmp_path)) == 0
-    page = (tmp_path / 'reports' / 'index.html').read_text()
-    assert '<script>' not in page and '&lt;script&gt;' in page
 
 
 def test_version_list_and_params(repo):

@@ -1,0 +1,79 @@
+"""The website: built from a run's executed notebooks, opened in headless Chromium: every page loads, no broken link
+or image, no console error, nothing fetched from outside the site. Two screenshots are kept as test artefacts."""
+import functools, http.server, os, shutil, socketserver, subprocess, sys, threading
+from pathlib import Path
+from urllib.parse import urljoin, urlparse
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+CHROMIUM = shutil.which('chromium') or shutil.which('chromium-browser')
+ARTEFACTS = Path(os.environ.get('RAG_LAB_ARTEFACTS', REPO / 'tests' / 'artefacts'))
+CHROME_FLAGS = ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
+                '--disable-component-update', '--disable-sync']
+
+
+@pytest.fixture(scope='module')
+def site(tmp_path_factory):
+    "A smoke run of two chapters (one without and one with an LLM), built into a site."
+    out = tmp_path_factory.mktemp('site-run')
+    r = subprocess.run([str(BIN / 'rag-lab'), 'reproduce', '--profile', 'smoke', '--only', 'claim_aware', 'verirag',
+                        '--out', str(out), '--no-progress'], capture_output=True, text=True, timeout=1500, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    r = subprocess.run([str(BIN / 'rag-lab'), 'site', '--out', str(out)], capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return out / 'reports' / 'site' / '_build' / 'html'
+
+
+@pytest.fixture(scope='module')
+def server(site):
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
+    handler.log_message = lambda *a: None
+    with socketserver.TCPServer(('127.0.0.1', 0), handler) as httpd:
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        yield f'http://127.0.0.1:{httpd.server_address[1]}/'
+        httpd.shutdown()
+
+
+def test_site_has_every_part(site):
+    pages = {p.relative_to(site).as_posix() for p in site.rglob('*.html')}
+    assert {'intro.html', 'scorecard.html', 'papers/20_claim_aware.html', 'papers/40_verirag.html'} <= pages, sorted(pages)
+    assert any(p.startswith('items/verirag') for p in pages), sorted(pages)      # the per-item browser of an LLM paper
+    assert any(p.startswith('library/04_llm') for p in pages)                     # library notebooks as API chapters
+    assert (site / 'mathjax' / 'tex-chtml-full.js').exists()          # MathJax is served by the site itself
+    text = (site / 'papers' / '20_claim_aware.html').read_text()
+    assert '<img' in text and 'table5' in text                                    # executed: tables and figures inline
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason='headless Chromium is not installed (apt-get install chromium)')
+def test_every_page_loads_in_headless_chromium_without_errors(site, server):
+    from playwright.sync_api import sync_playwright
+    ARTEFACTS.mkdir(parents=True, exist_ok=True)
+    problems, seen = [], set()
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROME_FLAGS)
+        page = browser.new_page(viewport={'width': 1280, 'height': 900})
+        def on_request(req):
+            if urlparse(req.url).hostname not in ('127.0.0.1', None) and not req.url.startswith('data:'):
+                problems.append(f'{page.url}: external request {req.url}')
+        page.on('request', on_request)
+        page.on('console', lambda m: m.type == 'error' and problems.append(f'{page.url}: console error {m.text}'))
+        page.on('pageerror', lambda e: problems.append(f'{page.url}: page error {e}'))
+        page.on('requestfailed', lambda r: problems.append(f'{page.url}: failed {r.url} {r.failure}'))
+        page.on('response', lambda r: r.status >= 400 and problems.append(f'{page.url}: HTTP {r.status} {r.url}'))
+        for rel in sorted(p.relative_to(site).as_posix() for p in site.rglob('*.html') if '_static' not in p.parts):
+            url = urljoin(server, rel)
+            page.goto(url, wait_until='networkidle')
+            broken = page.evaluate("[...document.images].filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src)")
+            problems += [f'{rel}: broken image {b}' for b in broken]
+            for href in page.evaluate("[...document.querySelectorAll('a[href]')].map(a => a.href)"):
+                target = urlparse(href)
+                if target.hostname == '127.0.0.1' and target.path not in seen:
+                    seen.add(target.path)
+                    if not (site / target.path.lstrip('/')).exists() and not target.path.endswith('/'):
+                        problems.append(f'{rel}: broken link {href}')
+            if rel == 'intro.html': page.screenshot(path=str(ARTEFACTS / 'site-landing.png'), full_page=False)
+            if rel == 'papers/20_claim_aware.html': page.screenshot(path=str(ARTEFACTS / 'site-claim_aware.png'), full_page=False)
+        browser.close()
+    assert not problems, '\n'.join(problems[:30])
+    assert (ARTEFACTS / 'site-landing.png').stat().st_size > 10_000 and (ARTEFACTS / 'site-claim_aware.png').stat().st_size > 10_000
