@@ -184,7 +184,7 @@ def run_notebook(slug: str, # paper slug
     executed.parent.mkdir(parents=True, exist_ok=True)
     prog, stop = staging / 'progress.json', threading.Event()
     kenv = {**os.environ, **dict(RAG_LAB_OUT=str(staging), PYTHONHASHSEED=KERNEL_HASHSEED, RAG_LAB_PROGRESS=str(prog),
-                                 RAG_LAB_NOTEBOOK=slug), **(env or {})}
+                                 RAG_LAB_NOTEBOOK=slug, RAG_LAB_RESULTS_ROOT=str(out)), **(env or {})}   # chapters that read others' outputs read them here
     kenv = {k: v for k, v in kenv.items() if v is not None}
     watcher = threading.Thread(target=_watch, args=(prog, slug, stop), daemon=True)
     try:

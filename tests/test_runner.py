@@ -3,7 +3,11 @@ import json, os, subprocess, sys
 from pathlib import Path
 import nbformat
 import pytest
-from rag_lab.runner import main
+from rag_lab.config import param_schema
+from rag_lab.papers import CHAPTERS
+from rag_lab.runner import main, notebook_parameters
+
+REPO = Path(__file__).resolve().parents[1]
 
 BIN = Path(sys.executable).parent
 
@@ -64,11 +68,11 @@ def test_failing_notebook_keeps_previous_outputs_and_exits_1(tmp_path):
     assert (out / 'reports' / 'executed' / '10_reason_verify.ipynb').exists()   # the executed copy shows the error
     assert not (nbs / 'reports').exists() and sorted(p.name for p in nbs.iterdir()) == ['10_reason_verify.ipynb']
 
-@pytest.mark.parametrize('slug', [s for s, p in PAPERS.items() if (REPO / 'nbs' / p.notebook).exists()])
+@pytest.mark.parametrize('slug', [s for s, p in CHAPTERS.items() if (REPO / 'nbs' / p.notebook).exists()])
 def test_paper_notebook_exposes_its_whole_schema_to_papermill(slug):
     "Every knob of the notebook's schema is a papermill parameter, readable by papermill itself (kernel and all)."
     import logging, papermill as pm
-    path = REPO / 'nbs' / PAPERS[slug].notebook
+    path = REPO / 'nbs' / CHAPTERS[slug].notebook
     declared = notebook_parameters(path)
     assert declared == set(param_schema(slug).model_fields), set(param_schema(slug).model_fields) ^ declared
     logging.disable(logging.WARNING)
@@ -141,7 +145,6 @@ def test_version_list_and_params(repo):
     assert r.returncode == 0 and r.stdout.strip() == f'rag_lab {__version__}', r.stdout + r.stderr
     r = _run('list')
     assert r.returncode == 0, r.stderr
-    from rag_lab.papers import CHAPTERS
     for slug, p in CHAPTERS.items():
         assert f'{slug}: ' in r.stdout and p.notebook in r.stdout
     assert 'last published run: profile default' in r.stdout   # the committed claim_aware results

@@ -53,7 +53,9 @@ PAPERS: dict[str, Paper] = {p.slug: p for p in [
           ('51_pubmed_reasoner_eutils.ipynb', '52_pubmed_reasoner_method.ipynb'), 'PubMedQA, MMLU clinical knowledge'),
 ]}
 
-CHAPTERS: dict[str, Paper] = dict(PAPERS)   # every chapter the runner runs: the five papers, then chapters across them
+CHAPTERS: dict[str, Paper] = {**PAPERS, 'comparison': Paper(   # every chapter the runner runs: the papers, then chapters across them
+    'comparison', 'Across the papers: five systems on the same PubMedQA* items', '60_comparison.ipynb', ('61_comparison_method.ipynb',),
+    'PubMedQA* (the papers\' shared items)', kind='comparison', needs=('reason_verify', 'rag2', 'pubmed_reasoner'))}
 
 def get_paper(slug: str, # a chapter slug
              ) -> Paper:
