@@ -5,6 +5,7 @@ PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 PROFILE ?= default
+JOBS ?= 1
 STAMP := $(VENV)/.installed-$(shell sha256sum settings.ini setup.py tools/llama_cmake_args.sh | sha256sum | cut -c1-16)
 NODEPS = $(shell sed -n 's/^nodeps_requirements *= *//p' settings.ini)
 LLAMA_REQ = $(shell grep -o 'llama-cpp-python[^ ]*' settings.ini)
@@ -32,7 +33,7 @@ DATA_MIRROR := $(or $(RAG_LAB_DATA),$(if $(wildcard ../shared/data),$(abspath ..
 
 ## main job: regenerate every paper's tables and figures (default profile, embedded models; ONLY="rag2 verirag" for some)
 reproduce: install
-	$(if $(DATA_MIRROR),RAG_LAB_DATA=$(DATA_MIRROR)) $(BIN)/rag-lab reproduce --profile $(PROFILE) $(if $(ONLY),--only $(ONLY))
+	$(if $(DATA_MIRROR),RAG_LAB_DATA=$(DATA_MIRROR)) $(BIN)/rag-lab reproduce --profile $(PROFILE) $(if $(ONLY),--only $(ONLY)) --jobs $(JOBS)
 
 ## whole test suite: notebooks clean and in sync, nbdev_test (smoke profile), pytest
 test: install
