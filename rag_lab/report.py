@@ -165,8 +165,8 @@ def table(self: Results, name: str, # table file stem; paper values come from th
         clash, unknown = set(paper_values) & set(order), set(paper_values) - set(zip(o.row, o.metric))
         if clash: raise ValueError(f"table {name!r}: {sorted(clash)[:3]} already have a value in the paper's CSV")
         if unknown: raise ValueError(f"table {name!r} has no row(s) {sorted(unknown)[:3]} for the given paper values")
-        paper = pd.concat([paper, pd.DataFrame([dict(row=r, metric=m, paper=float(v), note=src)
-                                                for (r, m), (v, src) in paper_values.items()])], ignore_index=True)
+        stated = pd.DataFrame([dict(row=r, metric=m, paper=float(v), note=src) for (r, m), (v, src) in paper_values.items()])
+        paper = pd.concat([paper, stated], ignore_index=True) if len(paper) else stated   # (concat with an empty frame warns)
     how = {'all': 'outer', 'matched': 'left'}[paper_rows]
     df = o.merge(paper[['row', 'metric', 'paper', 'note']].rename(columns={'note': 'paper_note'}),
                  on=['row', 'metric'], how=how, indicator='_src')

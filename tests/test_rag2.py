@@ -1,4 +1,5 @@
-"Tests of rag_lab.papers.rag2: ΔPPL labels, the snippet filter and its window, the all-filtered fallback, malformed items."
+"""Tests of rag_lab.papers.rag2: ΔPPL labels, the snippet filter and its window, the all-filtered fallback, malformed items;
+the headline's machinery: leak-free nested samples, answer protocols, paired rows, the filter's AUROC interval, cost."""
 import os
 import numpy as np
 import pytest
@@ -7,10 +8,14 @@ from hypothesis import given, settings, strategies as st
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 from rag_lab.llm import LLMCache, Ledger, LlamaCppLLM
 from rag_lab.text import Corpus, Document
-from rag_lab.papers.rag2 import (MiniLMFilter, MultiCorpus, answer_messages, apply_filter, calibrate_filter_threshold, check_mcq,
-                          corpus_share, delta_ppl, filter_report, format_mcq, helpful_threshold, make_query,
-                          out_of_fold_proba, parse_mcq_answer, ppl_labels, rag2_prompt, query_rationale_messages, rationale_ppl,
-                          retrieve, split_items)
+from rag_lab.papers.rag2 import (PARAMS, PROFILES, RAG2_SYSTEMS, MiniLMFilter, MultiCorpus, answer_item, answer_messages, apply_filter,
+                                 calibrate_filter_threshold, check_mcq, corpus_share, cost_rows, delta_ppl, eval_train_split,
+                                 filter_report, format_mcq, grouped_auroc, helpful_threshold, make_query, out_of_fold_proba,
+                                 paired_accuracy_rows, parse_mcq_answer, ppl_labels, rag2_prompt, query_rationale_messages,
+                                 rationale_ppl, retrieve, run_compute)
+from rag_lab.data import nested_sample
+from rag_lab.metrics import compare_paired
+from rag_lab.config import resolve_params, parse_param
 import pandas as pd
 
 SMOL = 'smollm2-135m-instruct-q4_1'
@@ -198,14 +203,33 @@ def test_balanced_retrieval_draws_from_every_corpus_and_shares_add_up():
     with pytest.raises(ValueError, match="metadata\\['source'\\]"): MultiCorpus.build(Corpus([Document('x', '', 'y')]))
 
 
-def test_query_variants_and_leak_free_split():
+def test_query_variants():
     assert make_query(Q, OPTS, 'Ascorbate builds collagen. The answer is (B).') == 'Ascorbate builds collagen.'
     assert make_query(Q, OPTS, 'r', 'question') == format_mcq(Q, OPTS)
     assert make_query(Q, OPTS, 'r', 'question+rationale').endswith('\nr')
-    df = pd.DataFrame({'id': range(101)})
-    a, b = split_items(df, 0.5, seed=3)
-    assert len(a) + len(b) == 101 and not set(a.id) & set(b.id)
-    assert split_items(df, 0.5, seed=3)[0].id.tolist() == a.id.tolist()
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(2, 60), st.data())
+def test_eval_train_split_is_nested_leak_free_and_stable(size, data):
+    "Evaluation = the nested sample every paper sees; training never meets it, and does not move when n_eval grows."
+    n_train = data.draw(st.integers(0, size - 1))
+    n_eval = data.draw(st.integers(1, size - n_train))
+    seed = data.draw(st.integers(0, 2**32 - 1))
+    df = pd.DataFrame({'id': [f'q{i}' for i in range(size)]})
+    ev, tr = eval_train_split(df, n_eval, n_train, seed)
+    assert ev.id.tolist() == nested_sample(df, n_eval, seed).id.tolist()
+    assert len(tr) == n_train and not set(ev.id) & set(tr.id)
+    ev_all, tr_all = eval_train_split(df, None, n_train, seed)   # the largest evaluation set still excludes training
+    assert tr_all.id.tolist() == tr.id.tolist() and len(ev_all) + len(tr_all) == size
+    assert ev_all.id.tolist()[:n_eval] == ev.id.tolist()         # nested
+
+
+def test_eval_train_split_refuses_impossible_sizes():
+    df = pd.DataFrame({'id': range(10)})
+    with pytest.raises(ValueError, match='exceed'): eval_train_split(df, 8, 3)
+    with pytest.raises(ValueError, match='leave none'): eval_train_split(df, 1, 10)
+    with pytest.raises(ValueError, match='>= 0'): eval_train_split(df, 1, -1)
 
 
 # ---------------------------------------------------------------- the paper's seq2seq filter path (tiny random T5)
@@ -242,3 +266,132 @@ def test_seq2seq_filter_trains_on_two_label_tokens_and_windows_long_snippets(tmp
     long_snip = ' '.join(['the weather will be sunny'] * 30)
     assert len(f.tok(long_snip)['input_ids']) > f.max_length  # longer than the window: several windows, one probability
     assert f.predict_proba([Q], [long_snip]).shape == (1,)
+
+
+# ---------------------------------------------------------------- parameters of the headline
+def test_headline_parameters_are_validated_before_work():
+    p = resolve_params('rag2', 'default')
+    assert (p.n, p.n_secondary, p.n_pubmedqa, p.answer_mode, p.table5_models) == (50, 17, 150, 'scored', '')
+    assert parse_param('rag2', 'answer_mode', 'free_text') == 'free_text'
+    for name, bad in [('answer_mode', 'guess'), ('n_pubmedqa', '-1'), ('n_secondary', '0'), ('pubmedqa_systems', 'closed book'),
+                      ('pubmedqa_systems', 'RAG²,oracle'), ('topk_grid', '1,0'), ('topk_grid', 'x')]:
+        with pytest.raises(ValueError): parse_param('rag2', name, bad)
+    assert PARAMS(pubmedqa_systems='RAG² , standard RAG').pubmedqa_systems == 'RAG²,standard RAG'
+    assert set(PROFILES) == {'smoke', 'default', 'paper'} and PROFILES['paper']['n'] is None
+
+
+# ---------------------------------------------------------------- answer protocols: scored never unparseable, free text counted
+class _ScriptedLLM:
+    "Writes `reply`; scores `likely` highest. Records the order of calls (the protocols must run back to back)."
+    def __init__(self, reply, likely='B'): self.reply, self.likely, self.calls = reply, likely, []
+    def chat(self, messages, max_tokens=None):
+        self.calls.append('chat'); return type('G', (), {'text': self.reply})()
+    def choose_option(self, messages, options, prefix=''):
+        from rag_lab.parsing import ParsedAnswer
+        self.calls.append('choose')
+        lp = {k: (-0.2 if k == self.likely else -4.0) for k in options}
+        return ParsedAnswer(status='ok', answer=self.likely, logprobs=lp, confidence=0.9)
+
+
+@pytest.mark.parametrize('reply, status, answer', [('B', 'ok', 'B'), ('The answer is (C).', 'ok', 'C'), ('', 'missing', None),
+                                                   ('   ', 'missing', None), ('E', 'unparseable', None), ('B. Vitamin K', 'unparseable', None),
+                                                   ('I am not sure', 'unparseable', None)])
+def test_free_text_answers_are_parsed_or_counted_never_defaulted(reply, status, answer):
+    llm = _ScriptedLLM(reply)
+    a = answer_item(llm, answer_messages(Q, OPTS), OPTS, modes=('scored', 'free_text'))
+    assert (a['free_text'].status, a['free_text'].answer) == (status, answer)
+    assert a['scored'].answer in OPTS and a['scored'].status == 'ok'   # the scored protocol always names an option
+    assert llm.calls == ['choose', 'chat']                           # in the order asked: the second reuses the prefill
+
+
+def test_answer_item_refuses_bad_modes_and_bad_options():
+    for modes in [(), ('scored', 'scored'), ('letter',)]:
+        with pytest.raises(ValueError, match='modes'): answer_item(_ScriptedLLM('B'), answer_messages(Q, OPTS), OPTS, modes)
+    with pytest.raises(ValueError, match='at least 2 options'): answer_item(_ScriptedLLM('B'), [], {'A': 'x'})
+
+
+def test_scored_answers_with_the_smoke_model_are_options_with_normalised_confidence(smol):
+    a = answer_item(smol, answer_messages(Q, OPTS), OPTS, modes=('scored', 'free_text'))
+    s = a['scored']
+    assert s.answer in OPTS and set(s.logprobs) == set(OPTS) and 0.25 <= s.confidence <= 1
+    assert s.answer == max(s.logprobs, key=s.logprobs.get)
+    assert a['free_text'].status in ('ok', 'unparseable', 'missing')
+    yn = {'A': 'yes', 'B': 'no', 'C': 'maybe'}   # PubMedQA* options
+    assert answer_item(smol, answer_messages('Is scurvy caused by vitamin C deficiency?', yn), yn)['scored'].answer in yn
+
+
+# ---------------------------------------------------------------- paired headline rows
+def _items(cols: dict[str, list[int]], dataset='d1') -> pd.DataFrame:
+    return pd.DataFrame([dict(dataset=dataset, item_id=f'{dataset}-{i}', system=s, correct=bool(v))
+                         for s, vals in cols.items() for i, v in enumerate(vals)])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.booleans()), min_size=2, max_size=60))
+def test_paired_rows_agree_with_compare_paired_and_the_verdict_with_the_interval(pairs):
+    m, b = [int(x) for x, _ in pairs], [int(y) for _, y in pairs]
+    rows = paired_accuracy_rows(_items({'RAG²': m, 'closed book': b}), ['closed book', 'RAG²'], [('RAG²', 'closed book')], {'d1': 'D1'})
+    get = lambda r, k: rows[(rows.row == r) & (rows.metric == k)].ours.item()
+    c = compare_paired(np.array(m, bool), np.array(b, bool))
+    assert get('RAG² vs closed book / D1', 'Δ accuracy (points)') == pytest.approx(100 * (np.mean(m) - np.mean(b)))
+    assert get('RAG² vs closed book / D1', 'Δ 95% CI low') == pytest.approx(c['lo'])
+    assert get('RAG² vs closed book / D1', 'McNemar p') == pytest.approx(c['p_mcnemar'])
+    lo, hi = get('RAG² vs closed book / D1', 'Δ 95% CI low'), get('RAG² vs closed book / D1', 'Δ 95% CI high')
+    verdict = rows[rows.row == 'RAG² vs closed book / D1'].note.iloc[0].split(':')[0]
+    assert verdict == ('confirmed' if lo > 0 else 'refuted' if hi < 0 else 'undecided')
+    assert get('RAG² / D1', '95% CI low') <= get('RAG² / D1', 'accuracy (%)') <= get('RAG² / D1', '95% CI high')
+
+
+def test_pooled_rows_come_first_and_average_equal_sized_datasets():
+    a = _items({'RAG²': [1, 1, 0, 0], 'closed book': [1, 0, 0, 0]}, 'd1')
+    b = _items({'RAG²': [1, 1, 1, 1], 'closed book': [0, 0, 1, 1]}, 'd2')
+    rows = paired_accuracy_rows(pd.concat([a, b]), ['closed book', 'RAG²'], [('RAG²', 'closed book')], {'d1': 'D1', 'd2': 'D2'},
+                                pooled='all (pooled)', paper_diffs={('RAG² vs closed book', 'all (pooled)'): 6.1})
+    assert rows.row.iloc[0].endswith('/ all (pooled)')   # the index's headline verdict is the first comparison note
+    pooled = rows[(rows.row == 'RAG² / all (pooled)') & (rows.metric == 'accuracy (%)')].ours.item()
+    assert pooled == pytest.approx(np.mean([50.0, 100.0])) and rows[rows.row == 'RAG² / all (pooled)'].n.iloc[0] == 8
+    assert 'paper +6.1' in rows[rows.row == 'RAG² vs closed book / all (pooled)'].note.iloc[0]
+    no_disagreement = paired_accuracy_rows(_items({'RAG²': [1, 0, 1], 'closed book': [1, 0, 1]}), ['RAG²'], [('RAG²', 'closed book')], {'d1': 'D1'})
+    assert no_disagreement[no_disagreement.metric == 'McNemar p'].ours.item() == 1.0
+    assert no_disagreement.note.dropna().iloc[0].startswith('undecided')
+
+
+def test_unpaired_comparisons_are_refused():
+    it = _items({'RAG²': [1, 0, 1], 'closed book': [1, 0, 1]})
+    with pytest.raises(ValueError, match='unpaired'):
+        paired_accuracy_rows(it.iloc[:-1], ['RAG²'], [('RAG²', 'closed book')], {'d1': 'D1'})
+    # a system missing altogether has no rows, rather than an error (e.g. a PubMedQA* run without standard RAG)
+    assert not paired_accuracy_rows(it, RAG2_SYSTEMS, [('standard RAG', 'closed book')], {'d1': 'D1'}).row.str.contains('standard RAG').any()
+
+
+# ---------------------------------------------------------------- the filter's AUROC with a question-level interval
+def test_grouped_auroc_is_rank_based_and_its_interval_resamples_questions():
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 2, 90); y[:2] = [0, 1]
+    g = [f'q{i // 3}' for i in range(90)]
+    s = y * 0.6 + rng.uniform(size=90)
+    r = grouped_auroc(y, s, g)
+    assert r['lo'] <= r['auroc'] <= r['hi'] and 0.5 < r['auroc'] <= 1 and (r['n_pairs'], r['n_groups']) == (90, 30)
+    assert grouped_auroc(y, np.exp(3 * s), g, n_boot=50)['auroc'] == pytest.approx(r['auroc'])   # a monotone transform changes nothing
+    assert grouped_auroc(y, -s, g, n_boot=50)['auroc'] == pytest.approx(1 - r['auroc'])
+    assert grouped_auroc(y, s, [str(i) for i in range(90)], n_boot=50)['n_groups'] == 90   # every pair its own question
+    assert np.isnan(grouped_auroc([1, 1, 1], [0.1, 0.2, 0.3], ['a', 'b', 'c'])['auroc'])
+    with pytest.raises(ValueError, match='NaN'): grouped_auroc([0, 1], [0.1, float('nan')], ['a', 'b'])
+    with pytest.raises(ValueError, match='length'): grouped_auroc([0, 1], [0.1, 0.2], ['a'])
+
+
+# ---------------------------------------------------------------- cost per system, fresh compute counted once
+def test_cost_rows_charge_shared_calls_to_each_system_and_run_compute_counts_them_once():
+    calls = pd.DataFrame([dict(experiment='closed book / MedQA', key='cb1', prompt_tokens=200, completion_tokens=0, seconds=4.0),
+                          dict(experiment='closed book / MedQA', key='cb2', prompt_tokens=100, completion_tokens=0, seconds=2.0),
+                          dict(experiment='RAG² / MedQA', key='rat1', prompt_tokens=250, completion_tokens=90, seconds=9.0),
+                          dict(experiment='RAG² / MedQA', key='cb1', prompt_tokens=200, completion_tokens=0, seconds=4.0)])  # fallback = closed book
+    c = cost_rows(calls, {'closed book / MedQA': 2, 'RAG² / MedQA': 1, 'standard RAG / MedQA': 2})
+    get = lambda r, m: c[(c.row == r) & (c.metric == m)].ours.item()
+    assert get('closed book / MedQA', 'prompt tokens per item') == 150 and get('closed book / MedQA', 'calls per item') == 1
+    assert get('RAG² / MedQA', 'compute seconds per item') == 13.0
+    assert get('RAG² / MedQA', 'estimated 1-thread seconds per item') == pytest.approx(450 / 49 + 90 / 19)
+    assert get('standard RAG / MedQA', 'calls per item') == 0   # an experiment that made no call costs nothing, not an error
+    fresh = run_compute(calls)
+    assert (fresh['calls'], fresh['prompt_tokens'], fresh['completion_tokens'], fresh['seconds']) == (3, 550, 90, 15.0)
+    with pytest.raises(ValueError, match='at least one'): cost_rows(calls, {'RAG² / MedQA': 0})

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/31_rag2_method.ipynb #d5157885
 from __future__ import annotations
-import copy, math, re
+import copy, json, math, re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence, Literal
@@ -12,28 +12,37 @@ import numpy as np
 import pandas as pd
 from ..retrieval import BM25Index, DenseIndex, Reranker, SentenceTransformerEncoder, rrf, IndexReranker
 from ..text import Corpus, Document, sliding_windows
-from ..metrics import bootstrap_ci
-from ..parsing import parse_answer_statement, parse_mcq_answer, parse_option
+from ..data import nested_sample
+from ..metrics import bootstrap_ci, accuracy, compare_paired
+from ..parsing import ParsedAnswer, parse_answer_statement, parse_mcq_answer, parse_option
 from ..config import quiet_loading, LLMParams, SMOKE_LLM, comma_list_of
 from ..llm import LLM
 from pydantic import Field, field_validator
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['PARAMS', 'PROFILES', 'RATIONALE_INSTRUCTION', 'ANSWER_INSTRUCTION', 'QUERY_VARIANTS', 'STRATEGIES', 'FILTER_TEMPLATE',
+__all__ = ['RAG2_SYSTEMS', 'PARAMS', 'PROFILES', 'RATIONALE_INSTRUCTION', 'ANSWER_INSTRUCTION', 'ANSWER_MODES',
+           'FREE_TEXT_TOKENS', 'QUERY_VARIANTS', 'STRATEGIES', 'FILTER_TEMPLATE', 'PREFILL_TPS', 'DECODE_TPS',
            'Rag2Params', 'check_mcq', 'format_mcq', 'snippet_text', 'query_rationale_messages', 'answer_messages',
-           'cot_followup_messages', 'strip_final_answer', 'make_query', 'MultiCorpus', 'retrieve', 'corpus_share',
-           'rationale_ppl', 'delta_ppl', 'helpful_threshold', 'ppl_labels', 'MiniLMFilter', 'Seq2SeqFilter',
-           'make_filter', 'apply_filter', 'calibrate_filter_threshold', 'out_of_fold_proba', 'filter_report',
-           'rag2_prompt', 'split_items']
+           'cot_followup_messages', 'answer_item', 'strip_final_answer', 'make_query', 'MultiCorpus', 'retrieve',
+           'corpus_share', 'rationale_ppl', 'delta_ppl', 'helpful_threshold', 'ppl_labels', 'MiniLMFilter',
+           'Seq2SeqFilter', 'make_filter', 'apply_filter', 'calibrate_filter_threshold', 'out_of_fold_proba',
+           'filter_report', 'rag2_prompt', 'grouped_auroc', 'eval_train_split', 'paired_accuracy_rows', 'cost_rows',
+           'run_compute']
 
 # %% ../../nbs/31_rag2_method.ipynb #91d604bc
+RAG2_SYSTEMS = ('closed book', 'standard RAG', 'RAG² without filter', 'RAG²')   # the headline systems, simplest first
+
 class Rag2Params(LLMParams):
     "RAG² (paper 3)."
+    n_secondary: int | None = Field(None, ge=1, le=1_000_000, description="questions per dataset for the secondary cells: the first of the headline's (at most n); None = n")
+    n_pubmedqa: int = Field(150, ge=0, le=1_000_000, description="PubMedQA* questions (extension; 0 = skip)")
+    pubmedqa_systems: str = Field('closed book,RAG²', description="systems run on PubMedQA*, comma-separated (RAG² always)")
+    answer_mode: Literal['scored', 'free_text'] = Field('scored', description="headline protocol: scored option letters, or parsed free text (the other protocol runs on the secondary questions)")
     datasets: str = 'medqa,medmcqa,mmlu'
     helpful_quantile: float = Field(0.25, gt=0, lt=1)
     require_gain: bool = Field(False, description="HELPFUL also needs ΔPPL > 0 (stricter than the paper's top-quantile rule)")
-    top_k: int = Field(3, ge=1, le=64, description="snippets in the prompt (RAG² and MedRAG-style)")
+    top_k: int = Field(3, ge=1, le=64, description="snippets in the prompt (RAG², standard RAG and MedRAG-style)")
     per_corpus: int = Field(10, ge=1, le=1000, description="balanced retrieval: candidates from each corpus before reranking")
     query_variant: Literal['rationale', 'question', 'question+rationale'] = 'rationale'
     rerank_query: Literal['question', 'rationale'] = 'question'
@@ -44,18 +53,34 @@ class Rag2Params(LLMParams):
     topk_grid: str = '1,3'
     corpus_docs: int | None = Field(None, ge=1, le=100_000_000, description="documents kept per source corpus; None = all")
     snippet_words: int = Field(100, ge=10, le=2000)
-    table5_models: str = Field('smollm2-135m-instruct-q4_1', description="other embedded generators for Table 5, comma-separated")
+    table5_models: str = Field('', description="other embedded generators for Table 5, comma-separated; empty = skip")
 
     @field_validator('datasets')
     @classmethod
     def _known_datasets(cls, v: str) -> str: return comma_list_of(v, {'medqa', 'medmcqa', 'mmlu'}, 'datasets')
 
+    @field_validator('pubmedqa_systems')
+    @classmethod
+    def _known_systems(cls, v: str) -> str:
+        v = comma_list_of(v, set(RAG2_SYSTEMS), 'PubMedQA* systems')
+        if 'RAG²' not in v.split(','): raise ValueError("pubmedqa_systems must include RAG² (the extension is about RAG²)")
+        return v
+
+    @field_validator('topk_grid')
+    @classmethod
+    def _positive_grid(cls, v: str) -> str:
+        ks = [k.strip() for k in v.split(',')]
+        if not all(k.isdigit() and 1 <= int(k) <= 64 for k in ks): raise ValueError(f"topk_grid must be comma-separated integers 1..64, got {v!r}")
+        return ','.join(ks)
+
 PARAMS = Rag2Params
-PROFILES: dict[str, dict] = {'smoke': dict(n=1, train_n=4, label_k=2, top_k=1, topk_grid='1', corpus_docs=150, table5_models='', **{**SMOKE_LLM, 'max_tokens': 32}),
-                      'default': dict(n=12, train_n=36, max_tokens=160, snippet_words=80),
-                      'paper': dict(n=None, backend='transformers', model='meta-llama/Meta-Llama-3-8B-Instruct', max_tokens=512,
-                                    filter_model='google/flan-t5-large', filter_threshold=0.5, train_n=1000,
-                                    topk_grid='1,2,4,8,16,32', per_corpus=32, table5_models='')}   # profile -> the values it sets
+PROFILES: dict[str, dict] = {'smoke': dict(n=2, n_secondary=1, n_pubmedqa=2, train_n=4, label_k=2, top_k=1, topk_grid='1', corpus_docs=150,
+                                           **{**SMOKE_LLM, 'max_tokens': 32}),
+                             'default': dict(n=50, n_secondary=17, n_pubmedqa=150, train_n=40, max_tokens=96, snippet_words=60),
+                             'paper': dict(n=None, n_secondary=None, n_pubmedqa=500, pubmedqa_systems='closed book,standard RAG,RAG² without filter,RAG²',
+                                           backend='transformers', model='meta-llama/Meta-Llama-3-8B-Instruct', max_tokens=512,
+                                           filter_model='google/flan-t5-large', filter_threshold=0.5, train_n=1000,
+                                           topk_grid='1,2,4,8,16,32', per_corpus=32)}   # profile -> the values it sets
 
 # %% ../../nbs/31_rag2_method.ipynb #e002c4d4
 def check_mcq(question: str, # the question stem
@@ -118,6 +143,25 @@ def cot_followup_messages(question: str, options: Mapping[str, str],
     letters = ', '.join(check_mcq(question, options))
     return [*query_rationale_messages(question, options), {'role': 'assistant', 'content': rationale},
             {'role': 'user', 'content': ANSWER_INSTRUCTION.format(letters=letters)}]
+
+# %% ../../nbs/31_rag2_method.ipynb #e85951e9
+ANSWER_MODES = ('scored', 'free_text')
+FREE_TEXT_TOKENS = 8   # a letter, or a letter and the option text; the prompt asks for the letter alone
+
+def answer_item(llm: LLM, messages: Sequence[dict], # the answer prompt (`answer_messages` / `rag2_prompt`)
+                options: Mapping[str, str], # option letter -> text
+                modes: Sequence[str] = ('scored',), # protocols to run, in order: 'scored' and/or 'free_text'
+               ) -> dict[str, ParsedAnswer]: # protocol -> the answer it read
+    "The prompt's answer under each protocol: scored (most likely letter, with log-probabilities) or parsed free text."
+    bad = [m for m in modes if m not in ANSWER_MODES]
+    if bad or not modes or len(set(modes)) != len(modes):
+        raise ValueError(f"modes must be distinct items of {ANSWER_MODES}, got {list(modes)}")
+    opts = check_mcq('question', options)   # the letters the answer must be one of
+    out = {}
+    for m in modes:
+        if m == 'scored': out[m] = llm.choose_option(messages, opts, prefix='Answer:')
+        else: out[m] = parse_mcq_answer(llm.chat(messages, max_tokens=FREE_TEXT_TOKENS).text, opts)
+    return out
 
 # %% ../../nbs/31_rag2_method.ipynb #8cc58c24
 QUERY_VARIANTS = ('rationale', 'question', 'question+rationale')
@@ -461,13 +505,99 @@ def rag2_prompt(filt, # a fitted filter
     text_of = dict(zip(doc_ids, snippets))
     return answer_messages(question, options, [text_of[d] for d in kept]), kept, fallback
 
+# %% ../../nbs/31_rag2_method.ipynb #21426de1
+def grouped_auroc(labels: Sequence[int], # 1 = HELPFUL
+                  scores: Sequence[float], # the filter's P(HELPFUL), out-of-fold
+                  groups: Sequence[str], # question of each pair: the unit the bootstrap resamples
+                  n_boot: int = 2000, seed: int = 42,
+                 ) -> dict: # auroc, lo, hi (0..1), n_pairs, n_groups, n_positive
+    "ROC AUC with a question-level (cluster) bootstrap 95% interval; NaN when the labels have one class."
+    from sklearn.metrics import roc_auc_score
+    y, p, g = np.asarray(labels, int), np.asarray(scores, float), np.asarray(groups)
+    if not (len(y) == len(p) == len(g)): raise ValueError(f"{len(y)} labels, {len(p)} scores and {len(g)} groups differ in length")
+    if np.isnan(p).any(): raise ValueError("scores contain NaN")
+    out = dict(auroc=float('nan'), lo=float('nan'), hi=float('nan'), n_pairs=len(y), n_groups=len(set(g.tolist())), n_positive=int(y.sum()))
+    if not 0 < y.sum() < len(y): return out
+    uniq = np.unique(g)
+    members = [np.flatnonzero(g == u) for u in uniq]
+    rng, boots = np.random.default_rng(seed), []
+    for _ in range(n_boot):
+        idx = np.concatenate([members[i] for i in rng.integers(0, len(uniq), len(uniq))])
+        if 0 < y[idx].sum() < len(idx): boots.append(roc_auc_score(y[idx], p[idx]))   # a one-class resample has no AUROC
+    lo, hi = np.quantile(boots, [0.025, 0.975]) if boots else (float('nan'), float('nan'))
+    return out | dict(auroc=float(roc_auc_score(y, p)), lo=float(lo), hi=float(hi))
+
 # %% ../../nbs/31_rag2_method.ipynb #7d39aa4b
-def split_items(df: pd.DataFrame, # a dataset, one row per question
-                train_frac: float = 0.5, # share reserved for filter training
-                seed: int = 42,
-               ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    "Disjoint (train, test) parts of `df` by a seeded permutation."
-    if not 0 < train_frac < 1: raise ValueError(f"train_frac must be in (0, 1), got {train_frac}")
-    perm = np.random.default_rng(seed).permutation(len(df))
-    cut = int(round(train_frac * len(df)))
-    return df.iloc[perm[:cut]].reset_index(drop=True), df.iloc[perm[cut:]].reset_index(drop=True)
+def eval_train_split(df: pd.DataFrame, # a dataset, one row per question
+                     n_eval: int | None, # evaluation questions: `nested_sample(df, n_eval, seed)`; None = all but the training ones
+                     n_train: int, # training questions, taken from the end of the same permutation
+                     seed: int = 42,
+                    ) -> tuple[pd.DataFrame, pd.DataFrame]: # (evaluation, training), disjoint
+    "Evaluation questions as every paper samples them, and training questions that can never be among them."
+    if n_train < 0: raise ValueError(f"n_train must be >= 0, got {n_train}")
+    if n_train >= len(df): raise ValueError(f"{n_train} training questions leave none of {len(df)} to evaluate")
+    free = len(df) - n_train
+    if n_eval is not None and n_eval > free:
+        raise ValueError(f"{n_eval} evaluation + {n_train} training questions exceed the {len(df)} available")
+    perm = nested_sample(df, None, seed)
+    return perm.iloc[:free if n_eval is None else n_eval].reset_index(drop=True), perm.iloc[free:].reset_index(drop=True)
+
+# %% ../../nbs/31_rag2_method.ipynb #5e4f1aa8
+def paired_accuracy_rows(items: pd.DataFrame, # one row per (dataset, item_id, system), with a boolean `correct`
+                         systems: Sequence[str], # systems to report, in order
+                         comparisons: Sequence[tuple[str, str]], # (method, baseline) pairs
+                         dataset_names: Mapping[str, str], # dataset key -> name in the rows, in order
+                         pooled: str | None = None, # name of the pooled "dataset" over all of them, reported first (None: no pooled rows)
+                         paper_diffs: Mapping[tuple[str, str], float] | None = None, # (comparison row, metric's dataset) -> the paper's Δ, for the note
+                         seed: int = 42,
+                        ) -> pd.DataFrame: # columns row, metric, ours, n, note
+    "Headline rows: accuracy (%) with 95% CI per system and dataset; Δ, its 95% CI and McNemar p per comparison."
+    wide = items.pivot_table(index=['dataset', 'item_id'], columns='system', values='correct', aggfunc='first', sort=False)   # items in sample order
+    present = wide.index.get_level_values(0)
+    groups = [(pooled, wide[present.isin(list(dataset_names))])] if pooled else []   # pooled first: it is the headline
+    groups += [(name, wide.loc[[k]]) for k, name in dataset_names.items() if k in present]
+    rows = []
+    for name, w in groups:
+        for s in systems:
+            if s not in w: continue
+            col = w[s].dropna().astype(float)
+            lo, hi = bootstrap_ci(col, seed=seed)   # the interval `rag_lab.metrics.accuracy` reports
+            rows += [dict(row=f'{s} / {name}', metric=m, ours=100 * v, n=len(col)) for m, v in
+                     (('accuracy (%)', col.mean()), ('95% CI low', lo), ('95% CI high', hi))]
+        for m, b in comparisons:
+            if m not in w or b not in w: continue
+            pair = w[[m, b]]
+            if pair.isna().any().any(): raise ValueError(f"{m} vs {b} on {name}: not every item has both answers (unpaired)")
+            label = f'{m} vs {b}'
+            c = compare_paired(pair[m].astype(bool), pair[b].astype(bool), (paper_diffs or {}).get((label, name)), seed=seed)
+            rows += [dict(row=f'{label} / {name}', metric=k, ours=c[v], n=c['n'], note=c['note']) for k, v in
+                     (('Δ accuracy (points)', 'diff'), ('Δ 95% CI low', 'lo'), ('Δ 95% CI high', 'hi'), ('McNemar p', 'p_mcnemar'))]
+    return pd.DataFrame(rows, columns=['row', 'metric', 'ours', 'n', 'note'])
+
+# %% ../../nbs/31_rag2_method.ipynb #340bfca8
+PREFILL_TPS, DECODE_TPS = 49.0, 19.0   # the 1.5B on one thread of this machine (tokens/s), for the budget estimate
+
+def cost_rows(calls: pd.DataFrame, # `LEDGER.frame()`: experiment, prompt_tokens, completion_tokens, seconds per call
+              n_items: Mapping[str, int], # experiment (a row, '<system> / <dataset>') -> questions it answered
+              prefill_tps: float = PREFILL_TPS, decode_tps: float = DECODE_TPS,
+             ) -> pd.DataFrame: # columns row, metric, ours, n
+    "Per experiment and question: calls, prompt and completion tokens, compute seconds, and the single-thread estimate."
+    rows = []
+    for exp, n in n_items.items():
+        if n < 1: raise ValueError(f"experiment {exp!r}: needs at least one question, got {n}")
+        c = calls[calls.experiment == exp]
+        est = c.prompt_tokens.sum() / prefill_tps + c.completion_tokens.sum() / decode_tps
+        rows += [dict(row=exp, metric=m, ours=v / n, n=n) for m, v in
+                 (('calls per item', len(c)), ('prompt tokens per item', c.prompt_tokens.sum()),
+                  ('completion tokens per item', c.completion_tokens.sum()), ('compute seconds per item', c.seconds.sum()),
+                  ('estimated 1-thread seconds per item', est))]
+    return pd.DataFrame(rows, columns=['row', 'metric', 'ours', 'n'])
+
+def run_compute(calls: pd.DataFrame, # `LEDGER.frame()` (with the call `key`)
+                prefill_tps: float = PREFILL_TPS, decode_tps: float = DECODE_TPS,
+               ) -> dict: # distinct calls, their tokens, measured compute seconds and the single-thread estimate
+    "The fresh compute of a run: every distinct call once, however many systems used it."
+    d = calls.drop_duplicates('key') if len(calls) else calls
+    return dict(calls=len(d), prompt_tokens=int(d.prompt_tokens.sum()), completion_tokens=int(d.completion_tokens.sum()),
+                seconds=float(d.seconds.sum()),
+                estimated_seconds=float(d.prompt_tokens.sum() / prefill_tps + d.completion_tokens.sum() / decode_tps))
