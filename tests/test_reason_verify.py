@@ -190,7 +190,7 @@ def test_decontamination_removes_planted_duplicate():
 def test_demo_prompt_carries_gold_only_when_asked():
     d = Demo('d', 'Do statins lower LDL?', 'A', ['Statins'], 'Statins lower LDL [P1].\nFINAL ANSWER: A. yes')
     m = rationale_messages('q?', '[P1] x', 'bioasq', [d])[-1]['content']
-    assert m.count('FINAL ANSWER: A. yes') == 2 and 'The correct answer is' not in m   # demo line + allowed line
+    assert m.count('FINAL ANSWER: A. yes') == 1 and 'A. yes, B. no>' in m and 'The correct answer is' not in m   # the demo's line; the format line
     assert 'The correct answer is B. no' in rationale_messages('q?', '[P1] x', 'bioasq', gold='B')[-1]['content']
     assert set(CATEGORIES) == {f'{a}-{b}' for a, bs in (('CORRECT', ('EXPLICIT', 'IMPLICIT', 'ADDITIONAL', 'MISSING')),
                                ('INCORRECT', ('FALSE', 'DEVIATING', 'ILLOGICAL', 'MISSING'))) for b in bs}
@@ -213,3 +213,155 @@ def test_call_accounting_counts_shared_calls_once_and_tells_cold_from_cached():
     keyed = unique_calls(cold.assign(key=['k1', 'k1', 'k2', 'k3']))   # a recorded cache key wins over the fallback identity
     assert keyed.repeats.tolist() == [2, 1, 1]
     with pytest.raises(ValueError, match='ledger frame'): unique_calls(pd.DataFrame({'experiment': ['x']}))
+
+
+# --- the headline decision: answers, paired comparisons, intervals, cost ----------------------------------------
+from hypothesis import given, settings, strategies as st
+from sklearn.metrics import roc_auc_score
+from rag_lab.parsing import ParsedAnswer
+from rag_lab.papers.reason_verify import (COMPARISONS, SYSTEMS, ReasonVerifyParams, answer_direct, answer_with_rationale,
+                                          auroc_ci, closed_book_messages, cost_per_item, decomposed_messages, direct_messages,
+                                          headline_paper_values, headline_rows, kappa_ci, rationale_prefix, shot_counts)
+
+
+class _Canned:
+    "A stand-in LLM: a canned reply, canned option log-probabilities, and a log of what it was asked."
+    model = 'canned'
+    def __init__(self, text='', logprobs=None): self.text, self.lp, self.asked = text, logprobs or {}, []
+    def chat(self, messages, max_tokens=None):
+        self.asked.append(('chat', max_tokens))
+        return type('G', (), dict(text=self.text, finish_reason='length' if max_tokens == 1 else 'stop'))()
+    def choose_option(self, messages, options, prefix):
+        self.asked.append(('choose', prefix))
+        best = max(options, key=lambda k: self.lp.get(k, -9.0))
+        return ParsedAnswer(status='ok', answer=best, logprobs={k: self.lp.get(k, -9.0) for k in options}, confidence=0.9)
+
+
+@pytest.mark.parametrize('reply,free', [
+    ('The trial was small [P1].\nFINAL ANSWER: C. maybe', ('C', 'ok')),
+    ('The trial was small [P1].\nANSWER UNAVAILABLE', (None, 'unavailable')),
+    ('The trial was small [P1]. I would say it depends.', (None, 'unparseable')),
+    ('', (None, 'unparseable')),
+])
+def test_scored_answer_follows_the_rationale_and_the_free_text_parse_is_counted(reply, free):
+    llm = _Canned(reply, {'A': -2.0, 'B': -0.1, 'C': -3.0})
+    r = answer_with_rationale(llm, [{'role': 'user', 'content': 'q'}], 'pubmedqa')
+    assert (r['pred'], r['status']) == ('B', 'ok')                     # scored: always an answer, never defaulted from text
+    assert (r['free_text_pred'], r['free_text_status']) == free        # the paper's parse of the same rationale, beside it
+    prefix = llm.asked[-1][1]
+    assert prefix.endswith('FINAL ANSWER:') and 'ANSWER UNAVAILABLE' not in prefix and prefix.count('FINAL ANSWER') == 1
+    f = answer_with_rationale(_Canned(reply), [{'role': 'user', 'content': 'q'}], 'pubmedqa', mode='free_text')
+    assert (f['pred'], f['status']) == free and f['logprobs'] is None  # free text: unparseable stays unanswered
+
+
+def test_free_text_mode_never_scores_and_scored_mode_never_generates_for_direct_answers():
+    llm = _Canned('FINAL ANSWER: B. no', {'A': -0.5, 'B': -1.0})
+    msgs = closed_book_messages('Is the sky blue?', 'bioasq')
+    assert answer_direct(llm, msgs, 'bioasq')['pred'] == 'A' and [k for k, _ in llm.asked] == ['choose']
+    llm.asked.clear()
+    assert answer_direct(llm, msgs, 'bioasq', mode='free_text')['pred'] == 'B' and [k for k, _ in llm.asked] == ['chat']
+    with pytest.raises(ValueError, match='unknown answer mode'): answer_with_rationale(llm, msgs, 'bioasq', mode='vote')
+    with pytest.raises(ValueError, match='unknown dataset'): answer_direct(llm, msgs, 'medqa')
+
+
+def test_rationale_prefix_drops_every_answer_line():
+    assert rationale_prefix('A [P1].\nFINAL ANSWER: A. yes\nFINAL ANSWER: B. no') == 'A [P1].\nFINAL ANSWER:'
+    assert rationale_prefix('  \nANSWER UNAVAILABLE') == 'FINAL ANSWER:'
+
+
+def test_prompts_on_the_same_evidence_share_their_opening():
+    "llama.cpp reuses the longest shared prefix: every prompt with documents must open identically."
+    block, q = '[P1] Aspirin. Aspirin inhibits platelets.', 'Does aspirin prevent stroke?'
+    msgs = [rationale_messages(q, block, 'bioasq'), vanilla_messages(q, block, 'bioasq'),
+            direct_messages(q, block, ['Aspirin inhibits platelets [P1].']), decomposed_messages(q, block, ['Aspirin inhibits platelets [P1].'])]
+    openings = {(m[0]['content'], m[1]['content'].split(f'Question: {q}')[0]) for m in msgs}
+    assert len(openings) == 1 and all(f'Question: {q}' in m[1]['content'] for m in msgs)
+    assert closed_book_messages(q, 'bioasq')[0] == msgs[0][0] and 'Documents' not in closed_book_messages(q, 'bioasq')[1]['content']
+
+
+def test_parameters_refuse_contradictions_before_any_work():
+    assert shot_counts('3, 0 ,3') == [0, 3]
+    for bad in ('', '9', '-1', '1;2', 'x'):
+        with pytest.raises(ValueError): shot_counts(bad)
+    with pytest.raises(ValueError, match='answer_mode=free_text'): ReasonVerifyParams(backend='openai', model='m')
+    assert ReasonVerifyParams(backend='openai', model='m', answer_mode='free_text').backend == 'openai'
+    with pytest.raises(ValueError): ReasonVerifyParams(answer_mode='vote')
+    with pytest.raises(ValueError, match='cannot exceed bm25_k'): ReasonVerifyParams(bm25_k=4, rerank_m=5)
+
+
+def _preds(correct: dict[str, list[bool]], ds='bioasq', gold='A'):
+    return pd.DataFrame([dict(dataset=ds, item_id=f'q{i}', system=s, gold=gold, pred=gold if ok else 'B')
+                         for s, col in correct.items() for i, ok in enumerate(col)])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.booleans(), st.booleans()), min_size=2, max_size=40), st.randoms(use_true_random=False))
+def test_headline_rows_are_paired_and_do_not_depend_on_row_order(outcomes, rnd):
+    cb, rag, rv = map(list, zip(*outcomes))
+    preds = _preds({'closed book': cb, 'BM25 RAG': rag, 'Reason and Verify': rv})
+    shuffled = preds.sample(frac=1.0, random_state=rnd.randint(0, 10_000)).reset_index(drop=True)
+    a, b = headline_rows(preds, ['bioasq']), headline_rows(shuffled, ['bioasq'])
+    pd.testing.assert_frame_equal(a, b)                                  # items are aligned by id, not by position
+    h = a.set_index(['row', 'metric'])
+    for m, base in COMPARISONS:
+        row = f'{m} vs {base} / BioASQ-Y/N'
+        acc = lambda s: h.ours[f'{s} / BioASQ-Y/N', 'accuracy (%)']
+        assert abs(h.ours[row, 'Δ accuracy (points)'] - (acc(m) - acc(base))) < 1e-9
+        lo, hi, v = h.ours[row, 'Δ 95% CI low'], h.ours[row, 'Δ 95% CI high'], h.note[row, 'McNemar p'].split(':')[0]
+        assert v == ('confirmed' if lo > 0 else 'refuted' if hi < 0 else 'undecided')
+        assert 0 <= h.ours[row, 'McNemar p'] <= 1 and h.n[row, 'McNemar p'] == len(outcomes)
+
+
+def test_headline_rows_refuse_unpaired_or_duplicated_items_and_count_missing_answers():
+    preds = _preds({'closed book': [True, False, True], 'BM25 RAG': [True, True, False], 'Reason and Verify': [True, True, True]})
+    with pytest.raises(ValueError, match='same items'): headline_rows(preds.iloc[:-1], ['bioasq'])
+    with pytest.raises(ValueError, match='two predictions'): headline_rows(pd.concat([preds, preds.iloc[:1]]), ['bioasq'])
+    missing = preds.assign(pred=[None if s == 'Reason and Verify' and i == 'q0' else p for s, i, p in zip(preds.system, preds.item_id, preds.pred)])
+    h = headline_rows(missing, ['bioasq']).set_index(['row', 'metric'])
+    assert abs(h.ours['Reason and Verify / BioASQ-Y/N', 'accuracy (%)'] - 200 / 3) < 1e-9      # no answer: wrong, not dropped
+    assert h.note['Reason and Verify / BioASQ-Y/N', 'accuracy (%)'].startswith('1 of 3 without an answer')
+
+
+def test_paper_values_come_from_the_named_rows_and_only_same_model_differences():
+    t2 = pd.DataFrame(dict(row=['Closed-Book (No Retrieval; CoT Prompting) / GPT-3.5', 'Ours (Llama-3-8B-Instruct backbone) / Vanilla RAG (BM25)',
+                                'Ours (Llama-3-8B-Instruct backbone) / + Reranking (0-shot)'], metric='BioASQ-Y/N', paper=[74.27, 82.3, 87.4]))
+    values, diffs = headline_paper_values(t2, ['bioasq'])
+    assert diffs == {('Reason and Verify', 'BM25 RAG', 'bioasq'): 5.1}
+    assert {r for r, _ in values} == {*(f'{s} / BioASQ-Y/N' for s in SYSTEMS), 'Reason and Verify vs BM25 RAG / BioASQ-Y/N'}
+    assert all('Table 2' in src for _, src in values.values())
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.booleans()), min_size=2, max_size=60))
+def test_auroc_equals_the_library_and_is_invariant_to_monotone_rescaling(pairs):
+    s, y = np.array([p[0] for p in pairs], float), np.array([p[1] for p in pairs])
+    a = auroc_ci(s, y, n_boot=200)
+    if y.all() or not y.any():
+        assert math.isnan(a['auroc']); return
+    assert abs(a['auroc'] - roc_auc_score(y, s)) < 1e-12
+    assert abs(auroc_ci(np.exp(s) * 3 - 1, y, n_boot=200)['auroc'] - a['auroc']) < 1e-12
+    assert abs(auroc_ci(s, ~y, n_boot=200)['auroc'] - (1 - a['auroc'])) < 1e-12
+    assert a['lo'] <= a['hi']
+
+
+def test_kappa_ci_resamples_rationales_and_ignores_unlabelled_statements():
+    ref = [['CORRECT-EXPLICIT', 'INCORRECT-FALSE', None]] * 20 + [['CORRECT-IMPLICIT']] * 10
+    oth = [['CORRECT-EXPLICIT', 'CORRECT-EXPLICIT', 'INCORRECT-FALSE']] * 20 + [['CORRECT-IMPLICIT']] * 10
+    k = kappa_ci(ref, oth, n_boot=500)
+    assert (k['n_pairs'], k['n_rationales']) == (50, 30)
+    assert abs(k['kappa'] - agreement(sum(ref, []), sum(oth, []))['kappa']) < 1e-12
+    assert -1 <= k['lo'] <= k['hi'] <= 1
+    same = kappa_ci(ref, ref, n_boot=200)
+    assert same['kappa'] == 1.0 and same['lo'] == same['hi'] == 1.0
+    assert kappa_ci(ref[::-1], oth[::-1], n_boot=200)['kappa'] == k['kappa']   # the point estimate ignores order
+    with pytest.raises(ValueError, match='rationales'): kappa_ci(ref, oth[:-1])
+
+
+def test_cost_per_item_is_the_same_on_a_replay_and_refuses_what_it_cannot_divide():
+    recs = pd.DataFrame([_record('bioasq/Reason and Verify', 600, 10.0, False), _record('bioasq/Reason and Verify', 700, 0.5, False),
+                         _record('bioasq/BM25 RAG', 500, 9.0, False)])
+    c = cost_per_item(recs, 'bioasq/Reason and Verify', n=1)
+    assert c == {'calls per item': 2.0, 'prompt tokens per item': 1300.0, 'completion tokens per item': 20.0, 'compute seconds per item': 10.5}
+    assert cost_per_item(recs.assign(cached=True), 'bioasq/Reason and Verify', n=1) == c
+    with pytest.raises(ValueError, match='no call'): cost_per_item(recs, 'bioasq/closed book', n=1)
+    with pytest.raises(ValueError, match='at least one item'): cost_per_item(recs, 'bioasq/BM25 RAG', n=0)

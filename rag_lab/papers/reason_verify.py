@@ -10,8 +10,9 @@ from typing import Callable, Iterable, Mapping, Sequence, Literal
 import numpy as np
 import pandas as pd
 from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+from scipy.stats import rankdata
 from sklearn.metrics import precision_recall_fscore_support
-from ..metrics import cohen_kappa, risk_coverage
+from ..metrics import accuracy, cohen_kappa, compare_paired, risk_coverage
 from ..retrieval import BM25Index, Reranker, cached_encode
 from ..text import Corpus, Document, tokenize, split_sentences
 from ..llm import LLM
@@ -20,24 +21,41 @@ from pydantic import Field, field_validator, model_validator
 from ..config import Backend, LLMParams, SMOKE_LLM, comma_list_of
 
 # %% auto #0
-__all__ = ['PARAMS', 'PROFILES', 'CATEGORIES', 'SUPPORTED', 'CLAUSE_MARKERS', 'STOPWORDS', 'ANSWER_OPTIONS', 'SUPPORT_LEVELS',
-           'VERIFIER_STYLES', 'LANDIS_KOCH', 'CALL_IDENTITY', 'ReasonVerifyParams', 'normalize_label', 'faithfulness',
+__all__ = ['PARAMS', 'PROFILES', 'CATEGORIES', 'SUPPORTED', 'CLAUSE_MARKERS', 'STOPWORDS', 'ANSWER_OPTIONS', 'RATIONALE_LENGTH',
+           'ANSWER_PREFIX', 'AnswerMode', 'SUPPORT_LEVELS', 'VERIFIER_STYLES', 'LANDIS_KOCH', 'SYSTEMS', 'COMPARISONS',
+           'TABLE2_COLUMNS', 'HEADLINE_PAPER_ROWS', 'SAME_GENERATOR_IN_PAPER', 'HEADLINE_METRICS', 'DELTA_METRICS',
+           'CALL_IDENTITY', 'COST_METRICS', 'shot_counts', 'ReasonVerifyParams', 'normalize_label', 'faithfulness',
            'rationale_verdict', 'strip_answer_lines', 'content_words', 'segment_rationale', 'query_overlap',
            'evidence_score', 'rewrite_needed', 'Evidence', 'retrieve_evidence', 'passage_text', 'render_evidence',
-           'answer_lines', 'Demo', 'render_demo', 'rationale_messages', 'vanilla_messages', 'parse_answer',
-           'followup_messages', 'rewrite_messages', 'parse_rewrite', 'llm_rewriter', 'decision_label', 'direct_schema',
-           'decomposed_schema', 'direct_messages', 'decomposed_messages', 'parse_direct', 'parse_decomposed',
-           'VerifyTask', 'Verifier', 'landis_koch', 'agreement', 'decontaminate', 'shares_pmid', 'select_demos',
-           'static_order', 'faith_coverage', 'unique_calls', 'call_accounting']
+           'answer_lines', 'Demo', 'render_demo', 'rationale_messages', 'vanilla_messages', 'closed_book_messages',
+           'parse_answer', 'rationale_prefix', 'answer_direct', 'answer_with_rationale', 'rewrite_messages',
+           'parse_rewrite', 'llm_rewriter', 'decision_label', 'direct_schema', 'decomposed_schema', 'direct_messages',
+           'decomposed_messages', 'parse_direct', 'parse_decomposed', 'VerifyTask', 'Verifier', 'landis_koch',
+           'agreement', 'index_bootstrap_ci', 'kappa_ci', 'decontaminate', 'shares_pmid', 'select_demos',
+           'static_order', 'faith_coverage', 'auroc_ci', 'headline_paper_values', 'headline_rows', 'unique_calls',
+           'call_accounting', 'cost_per_item']
 
 # %% ../../nbs/11_reason_verify_method.ipynb #00811fc0
+def shot_counts(shots: str, # comma-separated demonstration counts, e.g. '0,1,2'
+               ) -> list[int]: # sorted, distinct
+    "The demonstration counts k of Table 3, checked: whole numbers from 0 to 8, at least one."
+    try: ks = sorted({int(x) for x in str(shots).split(',') if x.strip()})
+    except ValueError: raise ValueError(f"shots must be comma-separated whole numbers, got {shots!r}") from None
+    if not ks or not all(0 <= k <= 8 for k in ks): raise ValueError(f"shots must lie between 0 and 8 (at least one), got {shots!r}")
+    return ks
+
 class ReasonVerifyParams(LLMParams):
     "Reason and Verify (paper 1)."
     datasets: str = 'bioasq,pubmedqa'
+    answer_mode: Literal['scored', 'free_text'] = Field('scored', description="scored: the most likely option key after the "
+                 "prompt (after the rationale for the full pipeline); free_text: the parsed FINAL ANSWER line")
+    n_secondary: int | None = Field(None, ge=1, le=1_000_000, description="first headline items per dataset that also get "
+                 "the secondary cells (verification, agreement, Table 3), at most n; None = every headline item")
+    n_context: int | None = Field(0, ge=0, le=1_000_000, description="verified rationales per dataset also verified with "
+                 "only the top-j passages, j < rerank_m (CONTEXT-j), at most n_secondary; None = every verified rationale")
+    shots: str = Field('0,1,2,3,4', description="demonstration counts k of Table 3, comma-separated (paper: 0-4)")
     bm25_k: int = Field(20, ge=1, le=1000)
     rerank_m: int = Field(5, ge=1, le=100)
-    max_shots: int = Field(4, ge=0, le=8)
-    n_verify: int = Field(4, ge=0, le=100_000, description="rationales per dataset verified under CONTEXT-1..5 by both verifiers")
     passage_words: int = Field(90, ge=10, le=2000, description="words kept per passage in the prompt")
     reranker: Literal['minilm', 'bge'] = 'minilm'
     reranker_model: str | None = Field(None, description="cross-encoder path or hub id for reranker='bge'")
@@ -53,17 +71,24 @@ class ReasonVerifyParams(LLMParams):
     @classmethod
     def _known_datasets(cls, v: str) -> str: return comma_list_of(v, {'bioasq', 'pubmedqa'}, 'datasets')
 
+    @field_validator('shots')
+    @classmethod
+    def _shot_list(cls, v: str) -> str: return ','.join(map(str, shot_counts(v)))
+
     @model_validator(mode='after')
-    def _rerank_within_candidates(self):
+    def _consistent(self):
         if self.rerank_m > self.bm25_k: raise ValueError(f"rerank_m ({self.rerank_m}) cannot exceed bm25_k ({self.bm25_k})")
+        if self.answer_mode == 'scored' and self.backend == 'openai':  # choose_option scores the rendered chat template
+            raise ValueError("answer_mode='scored' needs option log-probabilities after the chat template, which backend 'openai' "
+                             "cannot render: use answer_mode=free_text (the paper's protocol) or backend transformers/llamacpp")
         return self
 
 PARAMS = ReasonVerifyParams
-PROFILES: dict[str, dict] = {'smoke': dict(n=2, max_shots=1, n_verify=1, passage_words=40, **{**SMOKE_LLM, 'max_tokens': 96}),
-                      'default': dict(n=8, max_shots=2, n_verify=2, max_tokens=160, passage_words=60),
-                      'paper': dict(n=None, max_shots=4, n_verify=50, reranker='bge', backend='transformers',
-                                    model='meta-llama/Meta-Llama-3-8B-Instruct', verifier_backend='openai',
-                                    verifier_model='gpt-4o')}   # profile -> the values it sets
+PROFILES: dict[str, dict] = {
+    'smoke': dict(n=2, n_secondary=1, n_context=1, shots='0,1', rerank_m=2, passage_words=30, **{**SMOKE_LLM, 'max_tokens': 64}),
+    'default': dict(n=150, n_secondary=50, n_context=0, shots='0', max_tokens=144, passage_words=50),
+    'paper': dict(n=None, n_secondary=None, n_context=50, shots='0,1,2,3,4', reranker='bge', backend='transformers',
+                  model='meta-llama/Meta-Llama-3-8B-Instruct', verifier_backend='openai', verifier_model='gpt-4o')}   # profile -> the values it sets
 
 # %% ../../nbs/11_reason_verify_method.ipynb #19c02545
 CATEGORIES: dict[str, str] = {
@@ -243,8 +268,9 @@ ANSWER_OPTIONS: dict[str, dict[str, str]] = {'bioasq': {'A': 'yes', 'B': 'no'},
 _DATASET_HINT = {
     'pubmedqa': "Judge the strength of the evidence (study design, sample size, statistical significance), weigh what "
                 "supports and what opposes each possible answer, and note limitations before deciding.",
-    'bioasq': "Give a precise factual answer: pull out the statements that matter and decide strictly from them."}
-_SYSTEM = "You are a careful biomedical research assistant. You answer questions from the documents you are given."
+    'bioasq': "Give a precise factual answer, decided strictly from what the documents state."}
+_SYSTEM = "You are a careful biomedical research assistant."   # one system message: prompts share their opening
+RATIONALE_LENGTH = 'two or three short sentences'   # the rationale's budget in the prompt (the paper gives none)
 
 def answer_lines(options: Mapping[str, str]) -> str:
     "The allowed final lines, one per option."
@@ -266,8 +292,9 @@ class Demo:
 def render_demo(demo: Demo, options: Mapping[str, str], number: int) -> str:
     "A worked example: question, passage titles, rationale, answer line."
     titles = '\n'.join(f'[P{j}] {t}' for j, t in enumerate(demo.evidence_titles, 1)) or '(no documents)'
+    body = re.sub(r'^\s*Rationale:\s*', '', strip_answer_lines(demo.rationale))   # the label is written once, here
     return (f"Example {number}\nQuestion: {demo.question}\nDocuments (titles only):\n{titles}\n"
-            f"Rationale:\n{strip_answer_lines(demo.rationale)}\nFINAL ANSWER: {demo.answer}. {options[demo.answer]}")
+            f"Rationale: {body}\nFINAL ANSWER: {demo.answer}. {options[demo.answer]}")
 
 def rationale_messages(question: str, evidence: str, # the question and its rendered evidence block
                        dataset: str, # 'bioasq' or 'pubmedqa' (answer options and hint)
@@ -280,11 +307,11 @@ def rationale_messages(question: str, evidence: str, # the question and its rend
     target = (f"\nThe correct answer is {gold}. {opts[gold]}: write the rationale that reaches it from the documents.\n"
               if gold else '')
     user = (f"{shots}{'Now the task.' if demos else ''}\nDocuments:\n{evidence}\n\nQuestion: {question}\n{target}\n"
-            "Instructions: break the question into the sub-claims that decide it. For each sub-claim write one short "
-            "sentence and cite the passage that supports it, like [P2]. Use only what the documents say. "
-            f"{_DATASET_HINT[dataset]} Keep the rationale under 120 words.\n"
-            f"Then end with exactly one of these lines:\n{answer_lines(opts)}\n"
-            "If no document helps to answer, end with the line: ANSWER UNAVAILABLE")
+            f"Instructions: use only what the documents say. {_DATASET_HINT[dataset]} Do not summarise the passages one by one.\n"
+            "Reply in exactly this format, with nothing before or after it:\n"
+            f"Rationale: <{RATIONALE_LENGTH}, one per sub-claim that decides the question, each citing its passage like [P2]>\n"
+            f"FINAL ANSWER: <one of: {', '.join(f'{k}. {v}' for k, v in opts.items())}>\n"
+            "If no document helps to answer, reply: ANSWER UNAVAILABLE")
     return [{'role': 'system', 'content': _SYSTEM}, {'role': 'user', 'content': user.strip()}]
 
 def vanilla_messages(question: str, evidence: str, dataset: str) -> list[dict]:
@@ -294,18 +321,57 @@ def vanilla_messages(question: str, evidence: str, dataset: str) -> list[dict]:
             f"else:\n{answer_lines(opts)}\nIf no document helps to answer, reply: ANSWER UNAVAILABLE")
     return [{'role': 'system', 'content': _SYSTEM}, {'role': 'user', 'content': user}]
 
+def closed_book_messages(question: str, dataset: str) -> list[dict]:
+    "Closed book (no retrieval): the question and the answer lines, nothing else."
+    opts = _check_dataset(dataset)
+    user = (f"Question: {question}\n\nAnswer from your biomedical knowledge. Reply with exactly one of these lines and "
+            f"nothing else:\n{answer_lines(opts)}")
+    return [{'role': 'system', 'content': _SYSTEM}, {'role': 'user', 'content': user}]
+
 def parse_answer(text: str, dataset: str) -> ParsedAnswer:
     "The option key of a `FINAL ANSWER: A. yes` line (status 'ok'), or 'unavailable' / 'unparseable'."
     return parse_final_answer(text, _check_dataset(dataset))
 
-# %% ../../nbs/11_reason_verify_method.ipynb #bb27d6ea
-def followup_messages(messages: list[dict], # the prompt that produced `reply`
-                      reply: str, # a reply without a readable final line
-                      dataset: str) -> list[dict]:
-    "The conversation plus one request for the final line alone (two-step answer extraction, as in zero-shot CoT)."
-    return [*messages, {'role': 'assistant', 'content': reply},
-            {'role': 'user', 'content': "Give your final answer now. Reply with exactly one of these lines and nothing else:\n"
-                                        + answer_lines(_check_dataset(dataset))}]
+# %% ../../nbs/11_reason_verify_method.ipynb #22832549
+ANSWER_PREFIX = 'FINAL ANSWER:'
+AnswerMode = Literal['scored', 'free_text']
+
+def rationale_prefix(text: str, # a generated rationale, answer line included or not
+                    ) -> str: # the assistant turn after which the option keys are scored
+    "The rationale without its answer lines, then `FINAL ANSWER:` (just `FINAL ANSWER:` for an empty rationale)."
+    body = strip_answer_lines(text)
+    return f'{body}\n{ANSWER_PREFIX}' if body else ANSWER_PREFIX
+
+def _check_mode(mode: str) -> str:
+    if mode not in AnswerMode.__args__: raise ValueError(f"unknown answer mode {mode!r}; choose from {AnswerMode.__args__}")
+    return mode
+
+def answer_direct(llm: LLM, messages: list[dict], # a prompt that asks for the answer line only
+                  dataset: str, # 'bioasq' or 'pubmedqa' (the option keys)
+                  mode: AnswerMode = 'scored',
+                  max_tokens: int = 16, # free text: room for one answer line
+                 ) -> dict: # pred (None: no answer), status, confidence, logprobs, raw
+    "The answer of a system without a rationale (closed book, BM25 RAG)."
+    opts = _check_dataset(dataset)
+    if _check_mode(mode) == 'scored':
+        pa = llm.choose_option(messages, opts, prefix=ANSWER_PREFIX)
+        return dict(pred=pa.answer, status=pa.status, confidence=pa.confidence, logprobs=pa.logprobs, raw=None)
+    g = llm.chat(messages, max_tokens=max_tokens)
+    pa = parse_answer(g.text, dataset)
+    return dict(pred=pa.answer, status=pa.status, confidence=None, logprobs=None, raw=g.text)
+
+def answer_with_rationale(llm: LLM, messages: list[dict], # a rationale prompt (`rationale_messages`)
+                          dataset: str, mode: AnswerMode = 'scored',
+                          max_tokens: int | None = None, # the rationale's budget (None: the model's default)
+                         ) -> dict: # the answer as `answer_direct`, plus the rationale's free-text parse
+    "Generate the rationale; its answer is scored after it (`scored`) or parsed from its last line (`free_text`)."
+    _check_mode(mode)
+    g = llm.chat(messages, max_tokens=max_tokens)
+    free = parse_answer(g.text, dataset)
+    row = dict(raw=g.text, free_text_pred=free.answer, free_text_status=free.status, truncated=g.finish_reason == 'length')
+    if mode == 'free_text': return row | dict(pred=free.answer, status=free.status, confidence=None, logprobs=None)
+    pa = llm.choose_option(messages, _check_dataset(dataset), prefix=rationale_prefix(g.text))
+    return row | dict(pred=pa.answer, status=pa.status, confidence=pa.confidence, logprobs=pa.logprobs)
 
 # %% ../../nbs/11_reason_verify_method.ipynb #2746043c
 def rewrite_messages(question: str) -> list[dict]:
@@ -356,18 +422,22 @@ def decomposed_schema(n: int) -> dict:
     return {'type': 'object', 'properties': {'statements': {'type': 'array', 'minItems': n, 'maxItems': n, 'items': item}},
             'required': ['statements']}
 
+def _verify_opening(question: str, evidence: str) -> str:
+    return f"Documents:\n{evidence}\n\nQuestion: {question}\n\n"   # as in the rationale prompt: a shared prefix
+
 def direct_messages(question: str, evidence: str, statements: Sequence[str]) -> list[dict]:
     "Verifier A: label every statement with one of the eight categories."
     legend = '\n'.join(f'- {k}: {v}' for k, v in CATEGORIES.items())
-    user = (f"Check a rationale against its documents.\n\nDocuments:\n{evidence}\n\nQuestion: {question}\n\n"
-            f"Rationale statements:\n{_numbered(statements)}\n\nLabel each statement with exactly one category:\n{legend}\n\n"
+    user = (f"{_verify_opening(question, evidence)}Task: act as a strict fact-checker. Check a rationale written for this "
+            f"question against the documents above.\n\nRationale statements:\n{_numbered(statements)}\n\n"
+            f"Label each statement with exactly one category:\n{legend}\n\n"
             f"Reply with JSON only: {{\"labels\": [...]}} with {len(statements)} labels, one per statement, in order.")
-    return [{'role': 'system', 'content': 'You are a strict fact-checker for biomedical text.'}, {'role': 'user', 'content': user}]
+    return [{'role': 'system', 'content': _SYSTEM}, {'role': 'user', 'content': user}]
 
 def decomposed_messages(question: str, evidence: str, statements: Sequence[str]) -> list[dict]:
     "Verifier B: four simple judgements per statement."
-    user = (f"Check a rationale against its documents.\n\nDocuments:\n{evidence}\n\nQuestion: {question}\n\n"
-            f"Rationale statements:\n{_numbered(statements)}\n\nFor each statement answer:\n"
+    user = (f"{_verify_opening(question, evidence)}Task: act as a strict fact-checker. Check a rationale written for this "
+            f"question against the documents above.\n\nRationale statements:\n{_numbered(statements)}\n\nFor each statement answer:\n"
             "- relevant: is it about the question or the documents? (true/false)\n"
             "- support: how do the documents relate to it? explicit (they say it), implied (it follows from them), "
             "partly (they say part of it, the rest is outside knowledge), contradicted (they say the opposite), "
@@ -376,7 +446,7 @@ def decomposed_messages(question: str, evidence: str, statements: Sequence[str])
             "- outside_correct: is whatever it says beyond the documents correct biomedical knowledge? (true/false)\n\n"
             f"Reply with JSON only: {{\"statements\": [{{\"relevant\": ..., \"support\": ..., \"logical\": ..., "
             f"\"outside_correct\": ...}}, ...]}} with {len(statements)} entries, in order.")
-    return [{'role': 'system', 'content': 'You are a strict fact-checker for biomedical text.'}, {'role': 'user', 'content': user}]
+    return [{'role': 'system', 'content': _SYSTEM}, {'role': 'user', 'content': user}]
 
 def parse_direct(text: str, n: int) -> list[str | None]:
     "Verifier A's labels; each invalid label is None; a wrong count or broken JSON makes all n None."
@@ -454,6 +524,50 @@ def agreement(reference: Sequence[str | None], other: Sequence[str | None]) -> d
     else: out['f1'] = {c: float('nan') for c in CATEGORIES}
     return out
 
+# %% ../../nbs/11_reason_verify_method.ipynb #e84f55f2
+def index_bootstrap_ci(n: int, # items (or clusters) to resample
+                       stat: Callable[[np.ndarray], float], # the statistic of a resample, given its indices
+                       n_boot: int = 2000, alpha: float = 0.05, seed: int = 42,
+                      ) -> tuple[float, float, int]: # (low, high, resamples where `stat` was undefined)
+    "Percentile bootstrap interval of `stat` over resampled indices 0..n-1; undefined (NaN) resamples are dropped and counted."
+    if n <= 0: return float('nan'), float('nan'), 0
+    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+    vals = np.array([stat(ix) for ix in idx], dtype=float)
+    ok = ~np.isnan(vals)
+    if not ok.any(): return float('nan'), float('nan'), n_boot
+    return float(np.quantile(vals[ok], alpha / 2)), float(np.quantile(vals[ok], 1 - alpha / 2)), int((~ok).sum())
+
+def kappa_ci(reference: Sequence[Sequence[str | None]], # per rationale, one verifier's labels (None = unlabelled)
+             other: Sequence[Sequence[str | None]], # per rationale, the other verifier's labels of the same statements
+             n_boot: int = 2000, alpha: float = 0.05, seed: int = 42,
+            ) -> dict: # kappa, lo, hi, n_pairs, n_rationales, undefined_resamples
+    "Cohen's κ over the statements both labelled, with a 95% CI from resampling whole rationales."
+    if len(reference) != len(other): raise ValueError(f"{len(reference)} reference rationales vs {len(other)} other rationales")
+    pos, L = {c: j for j, c in enumerate(CATEGORIES)}, len(CATEGORIES)
+    conf = np.zeros((len(reference), L * L))   # one confusion matrix per rationale: a resample adds up its rationales'
+    for i, (a, b) in enumerate(zip(reference, other)):
+        if len(a) != len(b): raise ValueError(f"rationale {i}: {len(a)} reference labels vs {len(b)} other labels")
+        for x, y in zip(a, b):
+            if x is None or y is None: continue
+            if x not in pos or y not in pos: raise ValueError(f"rationale {i}: not taxonomy labels {x!r}, {y!r}")
+            conf[i, pos[x] * L + pos[y]] += 1
+    n_pairs = int(conf.sum())
+    pairs = [(x, y) for a, b in zip(reference, other) for x, y in zip(a, b) if x is not None and y is not None]
+    point = cohen_kappa(*zip(*pairs), labels=list(CATEGORIES)) if pairs else float('nan')
+    out = dict(kappa=point, lo=float('nan'), hi=float('nan'), n_pairs=n_pairs, n_rationales=len(conf), undefined_resamples=0)
+    if math.isnan(point): return out
+    idx = np.random.default_rng(seed).integers(0, len(conf), size=(n_boot, len(conf)))
+    w = np.stack([np.bincount(r, minlength=len(conf)) for r in idx])
+    m = (w @ conf).reshape(n_boot, L, L)
+    tot = m.sum(axis=(1, 2))
+    with np.errstate(divide='ignore', invalid='ignore'):   # κ of the pooled matrix, as cohen_kappa computes it
+        po = np.trace(m, axis1=1, axis2=2) / tot
+        pe = (m.sum(axis=2) * m.sum(axis=1)).sum(axis=1) / tot ** 2
+        k = np.where((tot > 0) & (pe < 1 - 1e-12), (po - pe) / (1 - pe), np.nan)
+    ok = ~np.isnan(k)
+    if ok.any(): out.update(lo=float(np.quantile(k[ok], alpha / 2)), hi=float(np.quantile(k[ok], 1 - alpha / 2)))
+    return out | dict(undefined_resamples=int((~ok).sum()))
+
 # %% ../../nbs/11_reason_verify_method.ipynb #7ed2bd3b
 def decontaminate(pool: pd.DataFrame, # candidate demonstrations: columns qid, question (+ anything else)
                   pool_emb: np.ndarray, # L2-normalised question embeddings, one row per pool row
@@ -509,6 +623,88 @@ def faith_coverage(faith: Sequence[float], correct: Sequence[bool]) -> pd.DataFr
     n_correct = answered - np.rint(rc.risk * answered).astype(int)   # back to counts, so accuracy is an exact ratio
     return pd.DataFrame(dict(threshold=rc.threshold, coverage=rc.coverage, accuracy=n_correct / answered, answered=answered))
 
+# %% ../../nbs/11_reason_verify_method.ipynb #5db91fb7
+def _auroc(score: np.ndarray, positive: np.ndarray) -> float:
+    "AUROC from ranks (Mann-Whitney, ties count half): what `sklearn.metrics.roc_auc_score` returns, fast enough to bootstrap."
+    n1 = int(positive.sum()); n0 = len(positive) - n1
+    if not n1 or not n0: return float('nan')
+    return float((rankdata(score)[positive].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+
+def auroc_ci(score: Sequence[float], # one score per item (NaN: no score, left out)
+             positive: Sequence[bool], # the event the score should rank first (e.g. a correct answer)
+             n_boot: int = 2000, seed: int = 42,
+            ) -> dict: # auroc, lo, hi, n, n_positive, undefined_resamples
+    "AUROC of `score` for `positive`, with a 95% bootstrap CI over items; NaN when one class is missing."
+    s, y = np.asarray(score, dtype=float), np.asarray(positive, dtype=bool)
+    if s.shape != y.shape: raise ValueError(f"{s.size} scores for {y.size} outcomes")
+    s, y = s[~np.isnan(s)], y[~np.isnan(s)]
+    point = _auroc(s, y)
+    lo, hi, undefined = (index_bootstrap_ci(len(s), lambda ix: _auroc(s[ix], y[ix]), n_boot, seed=seed)
+                         if not math.isnan(point) else (float('nan'), float('nan'), 0))
+    return dict(auroc=point, lo=lo, hi=hi, n=len(s), n_positive=int(y.sum()), undefined_resamples=undefined)
+
+# %% ../../nbs/11_reason_verify_method.ipynb #88933b78
+SYSTEMS = ('closed book', 'BM25 RAG', 'Reason and Verify')   # the headline systems
+COMPARISONS = (('Reason and Verify', 'BM25 RAG'), ('Reason and Verify', 'closed book'), ('BM25 RAG', 'closed book'))   # (method, baseline)
+TABLE2_COLUMNS = {'bioasq': 'BioASQ-Y/N', 'pubmedqa': 'PubMedQA*'}   # dataset -> its column in the paper's Table 2
+HEADLINE_PAPER_ROWS = {   # system -> (the Table 2 row in its `paper` cell, what that row is)
+    'closed book': ('Closed-Book (No Retrieval; CoT Prompting) / GPT-3.5',
+                    "MIRAGE's closed-book CoT with GPT-3.5, another model: the paper ran no closed-book Llama-3-8B"),
+    'BM25 RAG': ('Ours (Llama-3-8B-Instruct backbone) / Vanilla RAG (BM25)', 'the paper\'s own run, Llama-3-8B-Instruct'),
+    'Reason and Verify': ('Ours (Llama-3-8B-Instruct backbone) / + Reranking (0-shot)',
+                          'the full 0-shot pipeline, Llama-3-8B-Instruct'),
+}
+SAME_GENERATOR_IN_PAPER = frozenset({'BM25 RAG', 'Reason and Verify'})   # only their paper rows share a model
+
+def headline_paper_values(paper: pd.DataFrame, # the paper's Table 2: `report.paper_table('reason_verify', 'table2')`
+                          datasets: Sequence[str], # e.g. ['bioasq', 'pubmedqa']
+                         ) -> tuple[dict, dict]: # (paper_values for `Results.table`, (method, baseline, dataset) -> paper difference)
+    "The paper's numbers for the headline table, each with the Table 2 row it comes from."
+    got = paper.set_index(['row', 'metric']).paper
+    values, diffs = {}, {}
+    for ds in datasets:
+        col = TABLE2_COLUMNS[ds]
+        for system, (prow, what) in HEADLINE_PAPER_ROWS.items():
+            values[f'{system} / {col}', 'accuracy (%)'] = (float(got[prow, col]), f'Table 2 of the paper, row "{prow}": {what}')
+        for m, b in COMPARISONS:
+            if {m, b} <= SAME_GENERATOR_IN_PAPER:
+                (pm, _), (pb, _) = HEADLINE_PAPER_ROWS[m], HEADLINE_PAPER_ROWS[b]
+                diffs[m, b, ds] = round(float(got[pm, col]) - float(got[pb, col]), 2)
+                values[f'{m} vs {b} / {col}', 'Δ accuracy (points)'] = (diffs[m, b, ds], f'Table 2 of the paper: "{pm}" minus "{pb}"')
+    return values, diffs
+
+# %% ../../nbs/11_reason_verify_method.ipynb #c0baa911
+HEADLINE_METRICS = {'accuracy (%)': 'acc', '95% CI low': 'lo', '95% CI high': 'hi'}
+DELTA_METRICS = {'Δ accuracy (points)': 'diff', 'Δ 95% CI low': 'lo', 'Δ 95% CI high': 'hi', 'McNemar p': 'p_mcnemar'}
+
+def headline_rows(preds: pd.DataFrame, # one row per (dataset, item_id, system): pred (None/NaN = no answer), gold
+                  datasets: Sequence[str], # datasets to tabulate, in order
+                  systems: Sequence[str] = SYSTEMS, comparisons: Sequence[tuple[str, str]] = COMPARISONS,
+                  paper_diffs: Mapping[tuple[str, str, str], float] | None = None, # (method, baseline, dataset) -> points
+                  seed: int = 42,
+                 ) -> pd.DataFrame: # columns row, metric, ours, n, note
+    "Accuracy with its 95% CI per system, and per comparison on the same items: difference, paired 95% CI, McNemar p, verdict."
+    rows = []
+    for ds in datasets:
+        col, d = TABLE2_COLUMNS[ds], preds[preds.dataset == ds]
+        if d.duplicated(['item_id', 'system']).any(): raise ValueError(f"{ds}: an item has two predictions of one system")
+        ids = {s: frozenset(d.item_id[d.system == s]) for s in systems}
+        if not ids[systems[0]] or len(set(ids.values())) > 1:
+            raise ValueError(f"{ds}: the systems were not run on the same items ({ {s: len(v) for s, v in ids.items()} })")
+        order = sorted(ids[systems[0]])
+        by = {s: d[d.system == s].set_index('item_id').loc[order] for s in systems}
+        pred = {s: [p if isinstance(p, str) else None for p in by[s].pred] for s in systems}
+        correct = {s: np.array([p is not None and p == g for p, g in zip(pred[s], by[s].gold)]) for s in systems}
+        for s in systems:
+            a = accuracy(pred[s], by[s].gold, seed=seed)
+            note = f"{a['n_unparsed']} of {a['n']} without an answer, counted wrong"
+            rows += [dict(row=f'{s} / {col}', metric=m, ours=a[k], n=a['n'], note=note) for m, k in HEADLINE_METRICS.items()]
+        for m, b in comparisons:
+            c = compare_paired(correct[m], correct[b], paper_diff=(paper_diffs or {}).get((m, b, ds)), seed=seed)
+            note = f"{c['note']}; {c['wins']} items only {m} got right, {c['losses']} only {b}"
+            rows += [dict(row=f'{m} vs {b} / {col}', metric=metric, ours=c[k], n=c['n'], note=note) for metric, k in DELTA_METRICS.items()]
+    return pd.DataFrame(rows)
+
 # %% ../../nbs/11_reason_verify_method.ipynb #d5b2f8e3
 CALL_IDENTITY = ('kind', 'backend', 'model', 'prompt_tokens', 'completion_tokens', 'seconds')
 
@@ -534,3 +730,17 @@ def call_accounting(records: pd.DataFrame, # `LEDGER.frame()`
                 from_earlier_run=int((~u.computed).sum()), served_from_cache=int(records.cached.astype(bool).sum()),
                 prompt_tokens=int(u.prompt_tokens.sum()), completion_tokens=int(u.completion_tokens.sum()),
                 seconds=round(float(u.seconds.sum()), 2))
+
+# %% ../../nbs/11_reason_verify_method.ipynb #bde76945
+COST_METRICS = ('calls per item', 'prompt tokens per item', 'completion tokens per item', 'compute seconds per item')
+
+def cost_per_item(records: pd.DataFrame, # `LEDGER.frame()`
+                  experiment: str, # the experiment whose calls are counted
+                  n: int, # items it served
+                 ) -> dict: # COST_METRICS -> value
+    "Calls, prompt tokens, completion tokens and compute seconds per item of one experiment."
+    if n <= 0: raise ValueError(f"cost per item needs at least one item, got n = {n}")
+    d = records[records.experiment == experiment]
+    if d.empty: raise ValueError(f"no call was made in experiment {experiment!r}")
+    totals = (len(d), d.prompt_tokens.sum(), d.completion_tokens.sum(), d.seconds.sum())
+    return {m: float(v) / n for m, v in zip(COST_METRICS, totals)}
