@@ -14,7 +14,7 @@ from .text import tokenize
 # %% auto #0
 __all__ = ['Verdict', 'bootstrap_ci', 'paired_bootstrap', 'accuracy', 'mcnemar', 'verdict', 'compare_paired', 'as_qrels',
            'ir_metrics', 'per_query', 'compare_runs', 'gate_sweep', 'risk_coverage', 'aurc', 'aurc_optimal',
-           'sentence_f1', 'token_f1', 'cohen_kappa']
+           'sentence_f1', 'token_f1', 'index_bootstrap_ci', 'auroc_ci', 'cohen_kappa']
 
 # %% ../nbs/06_metrics.ipynb #b4fa8d71
 def bootstrap_ci(values: Sequence[float], # per-item scores (e.g. 1 correct / 0 wrong)
@@ -196,6 +196,44 @@ def token_f1(selected: Sequence[str], gold: Sequence[str]) -> float:
     "Token-level F1: overlap of the token multisets of all selected and all gold sentences."
     s, g = Counter(t for x in selected for t in tokenize(x)), Counter(t for x in gold for t in tokenize(x))
     return _f1(sum((s & g).values()), sum(s.values()), sum(g.values()))
+
+# %% ../nbs/06_metrics.ipynb #4ca631a8
+def index_bootstrap_ci(n: int, # items (or clusters) to resample
+                       stat: Callable[[np.ndarray], float], # the statistic of a resample, given its indices
+                       n_boot: int = 2000, alpha: float = 0.05, seed: int = 42,
+                      ) -> tuple[float, float, int]: # (low, high, resamples where `stat` was undefined)
+    "Percentile bootstrap interval of `stat` over resampled indices 0..n-1; undefined (NaN) resamples are dropped and counted."
+    if n <= 0: return float('nan'), float('nan'), 0
+    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+    vals = np.array([stat(ix) for ix in idx], dtype=float)
+    ok = ~np.isnan(vals)
+    if not ok.any(): return float('nan'), float('nan'), n_boot
+    return float(np.quantile(vals[ok], alpha / 2)), float(np.quantile(vals[ok], 1 - alpha / 2)), int((~ok).sum())
+
+# %% ../nbs/06_metrics.ipynb #990dbcc3
+def _auroc(score: np.ndarray, positive: np.ndarray) -> float:
+    "AUROC from ranks (Mann-Whitney, ties count half): scikit-learn's `roc_auc_score`, fast enough to bootstrap."
+    from scipy.stats import rankdata
+    n1 = int(positive.sum()); n0 = len(positive) - n1
+    if not n1 or not n0: return float('nan')
+    return float((rankdata(score)[positive].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+
+def auroc_ci(score: Sequence[float], # one score per item (NaN: no score, left out)
+             positive: Sequence[bool], # the event the score should rank first (e.g. a correct answer, a HELPFUL label)
+             groups: Sequence | None = None, # unit of each item for a cluster bootstrap (None: every item its own)
+             n_boot: int = 2000, seed: int = 42,
+            ) -> dict: # auroc, lo, hi, n, n_groups, n_positive, undefined_resamples
+    "AUROC of `score` for `positive` with a 95% bootstrap CI (items, or whole groups, resampled); NaN when one class is missing."
+    s, y = np.asarray(score, dtype=float), np.asarray(positive, dtype=bool)
+    g = np.arange(len(s)) if groups is None else np.asarray(groups)
+    if not (s.shape == y.shape == g.shape): raise ValueError(f"{s.size} scores, {y.size} outcomes and {g.size} groups differ in length")
+    keep = ~np.isnan(s); s, y, g = s[keep], y[keep], g[keep]
+    units = [np.flatnonzero(g == u) for u in dict.fromkeys(g.tolist())]   # first-seen order: independent of hashing
+    point = _auroc(s, y)
+    stat = lambda ix: (lambda m: _auroc(s[m], y[m]))(np.concatenate([units[i] for i in ix]))
+    lo, hi, undefined = (index_bootstrap_ci(len(units), stat, n_boot, seed=seed) if not math.isnan(point)
+                         else (float('nan'), float('nan'), 0))
+    return dict(auroc=point, lo=lo, hi=hi, n=len(s), n_groups=len(units), n_positive=int(y.sum()), undefined_resamples=undefined)
 
 # %% ../nbs/06_metrics.ipynb #602acfc7
 def cohen_kappa(a: Sequence, # one rater's labels

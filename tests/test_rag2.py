@@ -10,7 +10,7 @@ from rag_lab.llm import LLMCache, Ledger, LlamaCppLLM
 from rag_lab.text import Corpus, Document
 from rag_lab.papers.rag2 import (PARAMS, PROFILES, RAG2_SYSTEMS, MiniLMFilter, MultiCorpus, answer_item, answer_messages, apply_filter,
                                  calibrate_filter_threshold, check_mcq, corpus_share, cost_rows, delta_ppl, eval_train_split,
-                                 filter_report, format_mcq, grouped_auroc, helpful_threshold, make_query, out_of_fold_proba,
+                                 filter_report, format_mcq, helpful_threshold, make_query, out_of_fold_proba,
                                  paired_accuracy_rows, parse_mcq_answer, ppl_labels, rag2_prompt, query_rationale_messages,
                                  rationale_ppl, retrieve, run_compute)
 from rag_lab.data import nested_sample
@@ -365,19 +365,21 @@ def test_unpaired_comparisons_are_refused():
 
 
 # ---------------------------------------------------------------- the filter's AUROC with a question-level interval
-def test_grouped_auroc_is_rank_based_and_its_interval_resamples_questions():
+def test_filter_auroc_is_rank_based_and_its_interval_resamples_questions():
+    "The filter's AUROC (metrics.auroc_ci with the question as group): pairs of one question are resampled together."
+    from rag_lab.metrics import auroc_ci
     rng = np.random.default_rng(1)
-    y = rng.integers(0, 2, 90); y[:2] = [0, 1]
+    y = rng.integers(0, 2, 90).astype(bool); y[:2] = [False, True]
     g = [f'q{i // 3}' for i in range(90)]
     s = y * 0.6 + rng.uniform(size=90)
-    r = grouped_auroc(y, s, g)
-    assert r['lo'] <= r['auroc'] <= r['hi'] and 0.5 < r['auroc'] <= 1 and (r['n_pairs'], r['n_groups']) == (90, 30)
-    assert grouped_auroc(y, np.exp(3 * s), g, n_boot=50)['auroc'] == pytest.approx(r['auroc'])   # a monotone transform changes nothing
-    assert grouped_auroc(y, -s, g, n_boot=50)['auroc'] == pytest.approx(1 - r['auroc'])
-    assert grouped_auroc(y, s, [str(i) for i in range(90)], n_boot=50)['n_groups'] == 90   # every pair its own question
-    assert np.isnan(grouped_auroc([1, 1, 1], [0.1, 0.2, 0.3], ['a', 'b', 'c'])['auroc'])
-    with pytest.raises(ValueError, match='NaN'): grouped_auroc([0, 1], [0.1, float('nan')], ['a', 'b'])
-    with pytest.raises(ValueError, match='length'): grouped_auroc([0, 1], [0.1, 0.2], ['a'])
+    r = auroc_ci(s, y, groups=g)
+    assert r['lo'] <= r['auroc'] <= r['hi'] and 0.5 < r['auroc'] <= 1 and (r['n'], r['n_groups']) == (90, 30)
+    assert auroc_ci(np.exp(3 * s), y, groups=g, n_boot=50)['auroc'] == pytest.approx(r['auroc'])   # a monotone transform changes nothing
+    assert auroc_ci(-s, y, groups=g, n_boot=50)['auroc'] == pytest.approx(1 - r['auroc'])
+    assert auroc_ci(s, y, groups=[str(i) for i in range(90)], n_boot=50)['n_groups'] == 90   # every pair its own question
+    assert np.isnan(auroc_ci([0.1, 0.2, 0.3], [True] * 3, groups=['a', 'b', 'c'])['auroc'])
+    assert auroc_ci([0.1, float('nan'), 0.3], [False, True, True], groups=['a', 'b', 'c'])['n'] == 2   # no score: left out
+    with pytest.raises(ValueError, match='length'): auroc_ci([0.1, 0.2], [False, True], groups=['a'])
 
 
 # ---------------------------------------------------------------- cost per system, fresh compute counted once

@@ -218,9 +218,10 @@ def test_call_accounting_counts_shared_calls_once_and_tells_cold_from_cached():
 # --- the headline decision: answers, paired comparisons, intervals, cost ----------------------------------------
 from hypothesis import given, settings, strategies as st
 from sklearn.metrics import roc_auc_score
+from rag_lab.metrics import auroc_ci
 from rag_lab.parsing import ParsedAnswer
 from rag_lab.papers.reason_verify import (COMPARISONS, SYSTEMS, ReasonVerifyParams, answer_direct, answer_with_rationale,
-                                          auroc_ci, closed_book_messages, cost_per_item, decomposed_messages, direct_messages,
+                                          closed_book_messages, cost_per_item, decomposed_messages, direct_messages,
                                           headline_paper_values, headline_rows, kappa_ci, rationale_prefix, shot_counts)
 
 

@@ -27,8 +27,7 @@ __all__ = ['RAG2_SYSTEMS', 'PARAMS', 'PROFILES', 'RATIONALE_INSTRUCTION', 'ANSWE
            'cot_followup_messages', 'answer_item', 'strip_final_answer', 'make_query', 'MultiCorpus', 'retrieve',
            'corpus_share', 'rationale_ppl', 'delta_ppl', 'helpful_threshold', 'ppl_labels', 'MiniLMFilter',
            'Seq2SeqFilter', 'make_filter', 'apply_filter', 'calibrate_filter_threshold', 'out_of_fold_proba',
-           'filter_report', 'rag2_prompt', 'grouped_auroc', 'eval_train_split', 'paired_accuracy_rows', 'cost_rows',
-           'run_compute']
+           'filter_report', 'rag2_prompt', 'eval_train_split', 'paired_accuracy_rows', 'cost_rows', 'run_compute']
 
 # %% ../../nbs/31_rag2_method.ipynb #91d604bc
 RAG2_SYSTEMS = ('closed book', 'standard RAG', 'RAG² without filter', 'RAG²')   # the headline systems, simplest first
@@ -504,28 +503,6 @@ def rag2_prompt(filt, # a fitted filter
     kept, fallback = apply_filter(probs, doc_ids, threshold)
     text_of = dict(zip(doc_ids, snippets))
     return answer_messages(question, options, [text_of[d] for d in kept]), kept, fallback
-
-# %% ../../nbs/31_rag2_method.ipynb #21426de1
-def grouped_auroc(labels: Sequence[int], # 1 = HELPFUL
-                  scores: Sequence[float], # the filter's P(HELPFUL), out-of-fold
-                  groups: Sequence[str], # question of each pair: the unit the bootstrap resamples
-                  n_boot: int = 2000, seed: int = 42,
-                 ) -> dict: # auroc, lo, hi (0..1), n_pairs, n_groups, n_positive
-    "ROC AUC with a question-level (cluster) bootstrap 95% interval; NaN when the labels have one class."
-    from sklearn.metrics import roc_auc_score
-    y, p, g = np.asarray(labels, int), np.asarray(scores, float), np.asarray(groups)
-    if not (len(y) == len(p) == len(g)): raise ValueError(f"{len(y)} labels, {len(p)} scores and {len(g)} groups differ in length")
-    if np.isnan(p).any(): raise ValueError("scores contain NaN")
-    out = dict(auroc=float('nan'), lo=float('nan'), hi=float('nan'), n_pairs=len(y), n_groups=len(set(g.tolist())), n_positive=int(y.sum()))
-    if not 0 < y.sum() < len(y): return out
-    uniq = np.unique(g)
-    members = [np.flatnonzero(g == u) for u in uniq]
-    rng, boots = np.random.default_rng(seed), []
-    for _ in range(n_boot):
-        idx = np.concatenate([members[i] for i in rng.integers(0, len(uniq), len(uniq))])
-        if 0 < y[idx].sum() < len(idx): boots.append(roc_auc_score(y[idx], p[idx]))   # a one-class resample has no AUROC
-    lo, hi = np.quantile(boots, [0.025, 0.975]) if boots else (float('nan'), float('nan'))
-    return out | dict(auroc=float(roc_auc_score(y, p)), lo=float(lo), hi=float(hi))
 
 # %% ../../nbs/31_rag2_method.ipynb #7d39aa4b
 def eval_train_split(df: pd.DataFrame, # a dataset, one row per question

@@ -10,9 +10,8 @@ from typing import Callable, Iterable, Mapping, Sequence, Literal
 import numpy as np
 import pandas as pd
 from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
-from scipy.stats import rankdata
 from sklearn.metrics import precision_recall_fscore_support
-from ..metrics import accuracy, cohen_kappa, compare_paired, risk_coverage
+from ..metrics import accuracy, auroc_ci, cohen_kappa, compare_paired, risk_coverage
 from ..retrieval import BM25Index, Reranker, cached_encode
 from ..text import Corpus, Document, tokenize, split_sentences
 from ..llm import LLM
@@ -31,9 +30,8 @@ __all__ = ['PARAMS', 'PROFILES', 'CATEGORIES', 'SUPPORTED', 'CLAUSE_MARKERS', 'S
            'parse_answer', 'rationale_prefix', 'answer_direct', 'answer_with_rationale', 'rewrite_messages',
            'parse_rewrite', 'llm_rewriter', 'decision_label', 'direct_schema', 'decomposed_schema', 'direct_messages',
            'decomposed_messages', 'parse_direct', 'parse_decomposed', 'VerifyTask', 'Verifier', 'landis_koch',
-           'agreement', 'index_bootstrap_ci', 'kappa_ci', 'decontaminate', 'shares_pmid', 'select_demos',
-           'static_order', 'faith_coverage', 'auroc_ci', 'headline_paper_values', 'headline_rows', 'unique_calls',
-           'call_accounting', 'cost_per_item']
+           'agreement', 'kappa_ci', 'decontaminate', 'shares_pmid', 'select_demos', 'static_order', 'faith_coverage',
+           'headline_paper_values', 'headline_rows', 'unique_calls', 'call_accounting', 'cost_per_item']
 
 # %% ../../nbs/11_reason_verify_method.ipynb #00811fc0
 def shot_counts(shots: str, # comma-separated demonstration counts, e.g. '0,1,2'
@@ -525,18 +523,6 @@ def agreement(reference: Sequence[str | None], other: Sequence[str | None]) -> d
     return out
 
 # %% ../../nbs/11_reason_verify_method.ipynb #e84f55f2
-def index_bootstrap_ci(n: int, # items (or clusters) to resample
-                       stat: Callable[[np.ndarray], float], # the statistic of a resample, given its indices
-                       n_boot: int = 2000, alpha: float = 0.05, seed: int = 42,
-                      ) -> tuple[float, float, int]: # (low, high, resamples where `stat` was undefined)
-    "Percentile bootstrap interval of `stat` over resampled indices 0..n-1; undefined (NaN) resamples are dropped and counted."
-    if n <= 0: return float('nan'), float('nan'), 0
-    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
-    vals = np.array([stat(ix) for ix in idx], dtype=float)
-    ok = ~np.isnan(vals)
-    if not ok.any(): return float('nan'), float('nan'), n_boot
-    return float(np.quantile(vals[ok], alpha / 2)), float(np.quantile(vals[ok], 1 - alpha / 2)), int((~ok).sum())
-
 def kappa_ci(reference: Sequence[Sequence[str | None]], # per rationale, one verifier's labels (None = unlabelled)
              other: Sequence[Sequence[str | None]], # per rationale, the other verifier's labels of the same statements
              n_boot: int = 2000, alpha: float = 0.05, seed: int = 42,
@@ -622,26 +608,6 @@ def faith_coverage(faith: Sequence[float], correct: Sequence[bool]) -> pd.DataFr
     answered = np.rint(rc.coverage * ok.sum()).astype(int)
     n_correct = answered - np.rint(rc.risk * answered).astype(int)   # back to counts, so accuracy is an exact ratio
     return pd.DataFrame(dict(threshold=rc.threshold, coverage=rc.coverage, accuracy=n_correct / answered, answered=answered))
-
-# %% ../../nbs/11_reason_verify_method.ipynb #5db91fb7
-def _auroc(score: np.ndarray, positive: np.ndarray) -> float:
-    "AUROC from ranks (Mann-Whitney, ties count half): what `sklearn.metrics.roc_auc_score` returns, fast enough to bootstrap."
-    n1 = int(positive.sum()); n0 = len(positive) - n1
-    if not n1 or not n0: return float('nan')
-    return float((rankdata(score)[positive].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
-
-def auroc_ci(score: Sequence[float], # one score per item (NaN: no score, left out)
-             positive: Sequence[bool], # the event the score should rank first (e.g. a correct answer)
-             n_boot: int = 2000, seed: int = 42,
-            ) -> dict: # auroc, lo, hi, n, n_positive, undefined_resamples
-    "AUROC of `score` for `positive`, with a 95% bootstrap CI over items; NaN when one class is missing."
-    s, y = np.asarray(score, dtype=float), np.asarray(positive, dtype=bool)
-    if s.shape != y.shape: raise ValueError(f"{s.size} scores for {y.size} outcomes")
-    s, y = s[~np.isnan(s)], y[~np.isnan(s)]
-    point = _auroc(s, y)
-    lo, hi, undefined = (index_bootstrap_ci(len(s), lambda ix: _auroc(s[ix], y[ix]), n_boot, seed=seed)
-                         if not math.isnan(point) else (float('nan'), float('nan'), 0))
-    return dict(auroc=point, lo=lo, hi=hi, n=len(s), n_positive=int(y.sum()), undefined_resamples=undefined)
 
 # %% ../../nbs/11_reason_verify_method.ipynb #88933b78
 SYSTEMS = ('closed book', 'BM25 RAG', 'Reason and Verify')   # the headline systems
