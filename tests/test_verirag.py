@@ -6,8 +6,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from rag_lab.llm import LLM, LLMCache, Ledger
-from rag_lab.papers.verirag import ALPHA_GRID, CHECK_IDS, K, HVParams, PaperAudit, PaperExtraction, accept, applicable_checks, audit_vectors, binary_metrics, calibrate, chunk_redundancy, effective_contribution, hv_score, judge_agreement, log_odds, macro_f1_from_counts, metrics_from_confusion, paper_quality, prediction_summary, score_claim, sigmoid, tallies, tau_auto
-from rag_lab.papers.verirag import JUSTIFICATION_CHARS, ClaimCase, EvidencePaper, ProbeAnswer, audit_case, audit_paper, audit_schema, predicted_valid, run_baseline, temporal_scenarios, verirag_scores, verirag_verdicts
+from rag_lab.papers.verirag import ALPHA_GRID, CHECK_IDS, K, HVParams, PaperAudit, accept, audit_vectors, grades_to_audit, binary_metrics, calibrate, chunk_redundancy, effective_contribution, hv_score, judge_agreement, log_odds, macro_f1_from_counts, metrics_from_confusion, paper_quality, prediction_summary, score_claim, sigmoid, tallies, tau_auto
+from rag_lab.papers.verirag import (JUSTIFICATION_CHARS, ClaimCase, ClaimFeatures, EvidencePaper, PaperMethods, ProbeAnswer, VeriragParams,
+    audit_claim, audit_methods, audit_status, check_pass_rates, classification_summary, first_per_set, claim_cases, outcome_codes,
+    paired_f1_difference, predicted_valid, run_baseline, stance_confusion, temporal_scenarios, verirag_scores, verirag_verdicts)
 from rag_lab.papers.verirag import BoldnessModel, claim_features
 
 tally = st.floats(0, 50, allow_nan=False)
@@ -63,10 +65,8 @@ def test_lambda_zero_edge():
     assert hv_score(0.3, 0.6, 0.2, 1.0, 0) == pytest.approx(hv_score(0.3, 0.6, 0.2, 1.0, 1e-12), abs=1e-9)
     with pytest.raises(ValueError, match='lambda'): hv_score(1, 1, 0, 1.0, -0.1)
 
-def _audit(pid, stance, design='randomized_trial', quantitative=True):
-    x = PaperExtraction(study_design=design, human_participants=True, reports_quantitative_results=quantitative,
-                        reports_subgroup_analyses=False, funding_or_conflicts_stated=True)
-    mask = applicable_checks(x)
+def _audit(pid, stance, applicable=True):
+    _, mask = grades_to_audit((['Pass'] * 7 + ['NA', 'Pass', 'NA', 'NA']) if applicable else ['NA'] * K)
     return PaperAudit(pid, stance, mask, {c: 'Pass' for c, a in mask.items() if a}, [f'finding number {pid} on vitamin D'])
 
 def test_lambda_zero_through_score_claim():
@@ -80,21 +80,18 @@ def test_lambda_zero_through_score_claim():
 # --- a paper with no applicable checks
 
 def test_paper_without_applicable_checks_carries_no_weight():
-    x = PaperExtraction(study_design='other', human_participants=False, reports_quantitative_results=False,
-                        reports_subgroup_analyses=False, funding_or_conflicts_stated=False)
-    mask = applicable_checks(x)
+    _, mask = grades_to_audit(['NA'] * K)
     assert not any(mask.values())
     audit = PaperAudit('p', 'Supports', mask, {}, ['an opinion on vitamin C'])
     assert math.isnan(audit.quality) and effective_contribution(audit.quality, 1.0) == 0.0
     r = score_claim([audit], base=0.6, n_base=1, params=HVParams(1.0, 0.1, 0.05))
     assert (r['h_s'], r['hv'], r['valid']) == (0.0, 0.5, False)
-    assert list(audit_schema([]).model_fields) == ['stance']
     with pytest.raises(ValueError, match='non-applicable'): audit_vectors({'C1': 'Pass'}, mask)
 
 @given(st.floats(0, 0.5), st.booleans(), alpha, st.floats(0, 5))
 def test_no_applicable_checks_is_never_accepted_even_at_the_lowest_bar(base, dynamic, a, l):
     # tau_base <= 0.5 and (with dynamic off) the fixed bar 0.5: HV = 0.5 sits exactly on the floor
-    opinion = _audit('op', 'Supports', design='other', quantitative=False)
+    opinion = _audit('op', 'Supports', applicable=False)
     assert not any(opinion.mask.values())
     r = score_claim([opinion], base=base, n_base=1, params=HVParams(a, l, 0.0), dynamic_threshold=dynamic)
     assert (r['h_s'], r['hv'], r['tau'], r['valid']) == (0.0, 0.5, 0.5, False)
@@ -127,59 +124,6 @@ def test_failed_audits_still_count_in_n_ev():
     three = score_claim([a], base=0.6, n_base=1, params=HVParams(1.0, 0.1, 0.05), n_ev=3)
     assert (one['n_ev'], three['n_ev']) == (1, 3) and three['tau'] == pytest.approx(one['tau'] + 0.1)
     with pytest.raises(ValueError, match='papers'): score_claim([a, a], base=0.6, n_base=1, params=HVParams(), n_ev=1)
-
-# --- LLM answers outside the schema
-
-class ScriptedLLM(LLM):
-    "A backend double that answers from a script keyed by a phrase of the prompt (the LLM layer's cache and ledger stay real)."
-    backend = 'scripted'
-    def __init__(self, script, tmp_path):
-        super().__init__('scripted', cache=LLMCache(tmp_path / 'calls.sqlite'), ledger=Ledger())
-        self.script, self.fingerprint = script, 'scripted-v1:' + json.dumps(script, sort_keys=True)
-    def _chat_batch(self, batch, cfg):
-        out = []
-        for msgs in batch:
-            prompt = msgs[0]['content']
-            text = next(v for k, v in self.script.items() if k in prompt)
-            out.append(dict(text=text, finish_reason='stop', prompt_tokens=len(prompt.split()), completion_tokens=len(text.split())))
-        return out
-
-RCT = json.dumps(dict(study_design='randomized_trial', human_participants=True, reports_quantitative_results=True,
-                      reports_subgroup_analyses=False, funding_or_conflicts_stated=True))
-
-def _case():
-    papers = {p: EvidencePaper(p, 'A trial', 'We randomised 200 adults. Vitamin D reduced falls by 20 percent (95% CI 5-30).',
-                               'gold' if p == 'g' else 'topical', 'Supports' if p == 'g' else None) for p in ('t1', 'g', 't2')}
-    return ClaimCase('c1', 'test', 'test', 'Vitamin D reduces falls in adults.', True, papers, temporal_scenarios('t1', ['g'], ['t2']))
-
-def test_audit_verdict_outside_schema_is_unparseable_not_defaulted(tmp_path):
-    bad_audit = json.dumps({'stance': 'Supports', **{c: 'Maybe' for c in CHECK_IDS}})
-    llm = ScriptedLLM({'describe the study': RCT, 'You audit one research paper': bad_audit,
-                       'Rate this research claim': '{}'}, tmp_path)
-    rec = audit_paper(llm, _case(), 'g')
-    assert rec.status == 'audit_unparseable' and rec.audit is None and len(rec.raw) == 2   # first answer + one repair
-    ca = audit_case(llm, _case(), scenarios=['TY1'])
-    assert ca.features is None                                                              # '{}' misses every field
-    assert verirag_verdicts([ca], 'TY1', BoldnessModel().fit(np.array([claim_features(5, 5, 'Robust Study')] * 2), [0, 1]),
-                            HVParams()) == ['unparseable']
-    assert predicted_valid(['unparseable'], [True]) == [False]                              # scored wrong, counted
-
-FEATURES = json.dumps(dict(specificity=6, testability=7, claim_type='simple', required_standard='Robust Study',
-                           agree_probe='Does vitamin D reduce falls?', conflict_probe='Does vitamin D not reduce falls?',
-                           paraphrase_probe='Do falls drop with vitamin D?'))
-
-def test_scores_use_the_scenario_size_and_report_dropped_audits(tmp_path):
-    ok = json.dumps({'stance': 'Supports', **{c: 'Pass' for c, a in applicable_checks(PaperExtraction.model_validate_json(RCT)).items() if a}})
-    llm = ScriptedLLM({'describe the study': RCT, 'Paper t1 (': '{"stance": "Maybe"}', 'You audit one research paper': ok,
-                       'Rate this research claim': FEATURES}, tmp_path)
-    ca = audit_case(llm, _case(), scenarios=['TY1'])
-    assert ca.records['t1'].status == 'audit_unparseable' and ca.records['g'].status == 'ok'
-    bm = BoldnessModel().fit(np.array([claim_features(5, 5, 'Robust Study'), claim_features(9, 9, 'Settled Science')]), [0, 1])
-    sc = verirag_scores([ca], 'TY1', bm, HVParams(1.0, 0.1, 0.1)).iloc[0]
-    assert (sc.n_ev, sc.dropped) == (2, 1)                                                # N_ev = papers in TY1, not parsed audits
-    from rag_lab.papers.verirag import tau_base
-    base = tau_base('Robust Study', float(bm.predict(claim_features(6, 7, 'Robust Study'))[0]))
-    assert sc.tau == pytest.approx(float(np.clip(base + 0.1 * (2 / 1 - 1), 0.5, 0.95)))      # the failed audit still raises the bar
 
 def test_calibrate_tie_break_avoids_alpha_zero_unless_strictly_best():
     yt = [True, False, True, False]
@@ -217,32 +161,182 @@ def test_per_check_kappa_and_constant_judges():
     per, pooled = judge_agreement(a[:3], a[:3])
     assert per.constant[0] and math.isnan(per.kappa[0]) and math.isnan(pooled)            # both constant: undefined
 
+# --- a scripted backend: chat answers and scored options keyed by a phrase of the prompt
+
+class ScriptedLLM(LLM):
+    "A backend double answering from scripts keyed by a phrase of the prompt (the LLM layer's cache and ledger stay real)."
+    backend = 'scripted'
+    def __init__(self, script, tmp_path, choices=None):
+        super().__init__('scripted', cache=LLMCache(tmp_path / 'calls.sqlite'), ledger=Ledger())
+        self.script, self.choices = script, choices or {}   # choices: (prompt phrase, prefix ending) -> option to prefer
+        self.fingerprint = 'scripted-v2:' + json.dumps([script, sorted(map(list, self.choices.items()))], sort_keys=True)
+    def _chat_batch(self, batch, cfg):
+        out = []
+        for msgs in batch:
+            prompt = '\n'.join(m['content'] for m in msgs if m['role'] == 'user')
+            text = next(v for k, v in self.script.items() if k in prompt)
+            out.append(dict(text=text, finish_reason='stop', prompt_tokens=len(prompt.split()), completion_tokens=len(text.split())))
+        return out
+    def _choose(self, context, prefix, options):
+        prompt = '\n'.join(m['content'] for m in context if m['role'] == 'user')
+        want = next((o for (k, end), o in self.choices.items() if k in prompt and prefix.endswith(end)), None)
+        return dict(logprobs=[0.0 if o.strip() == want else -3.0 for o in options], n_tokens=[1] * len(options),
+                    context_tokens=len(prompt.split()))
+
+TEXT = 'We randomised 200 adults. Vitamin D reduced falls by 20 percent (95% CI 5-30).'
+
+def _case():
+    papers = {p: EvidencePaper(p, 'A trial', TEXT, 'gold' if p == 'g' else 'topical', 'Supports' if p == 'g' else None)
+              for p in ('t1', 'g', 't2')}
+    return ClaimCase('c1', 'scifact', 'test', 'Vitamin D reduces falls in adults.', True, papers,
+                     temporal_scenarios('t1', ['g'], ['t2']))
+
+RCT_GRADES = ['Pass'] * 7 + ['NA', 'Pass', 'NA', 'NA']   # a trial: C8, C10, C11 do not apply
+GOOD = json.dumps(dict(grades=RCT_GRADES))
+FEATURES = json.dumps(dict(specificity=6, testability=7, required_standard='Robust Study',
+                           agree_probe='Does vitamin D reduce falls?', conflict_probe='Does vitamin D not reduce falls?',
+                           paraphrase_probe='Do falls drop with vitamin D?'))
+AUDIT = 'You audit the methods'
+
+def test_methods_audit_keeps_only_applicable_grades(tmp_path):
+    llm = ScriptedLLM({AUDIT: GOOD}, tmp_path)
+    m = audit_methods(llm, _case().papers['g'])
+    assert m.status == 'ok' and [c for c, a in m.mask.items() if not a] == ['C8', 'C10', 'C11']
+    assert set(m.verdicts) == {c for c, a in m.mask.items() if a} and set(m.verdicts.values()) == {'Pass'}
+
+def test_methods_grade_outside_schema_is_unparseable_not_defaulted(tmp_path):
+    bad = json.dumps(dict(grades=RCT_GRADES[:-1] + ['Maybe']))
+    llm = ScriptedLLM({AUDIT: bad, 'Rate this research claim': FEATURES, 'Stance of each snippet': '{}'}, tmp_path,
+                      choices={('Stance of each snippet', ':'): 'supports'})
+    m = audit_methods(llm, _case().papers['g'])
+    assert m.status == 'unparseable' and m.verdicts is None and len(m.raw) == 2          # first answer + one repair
+    case = _case()
+    ids = case.scenarios['TY1']
+    ca = audit_claim(llm, case, ids, {p: m for p in ids})
+    assert audit_status([ca]) == {'claims': 1, 'features_unparseable': 0, 'methods_unparseable': 2}
+    assert all(r.audit is None for r in ca.records.values())                             # no weight, not a default quality
+    bm = BoldnessModel().fit(np.array([claim_features(5, 5, 'Robust Study'), claim_features(9, 9, 'Settled Science')]), [0, 1])
+    sc = verirag_scores([ca], 'TY1', bm, HVParams()).iloc[0]
+    assert (sc.verdict, sc.n_ev, sc.dropped, sc.h_s) == ('Invalid', 2, 2, 0.0)
+
+def test_free_text_stances_unparseable_are_counted_scored_ones_never(tmp_path):
+    llm = ScriptedLLM({AUDIT: GOOD, 'Rate this research claim': FEATURES, 'Stance of each snippet': '{"1": "maybe"}'}, tmp_path,
+                      choices={('Stance of each snippet', '[1]:'): 'neutral', ('Stance of each snippet', '[2]:'): 'supports'})
+    case = _case()
+    ids = case.scenarios['TY1']
+    methods = {p: audit_methods(llm, case.papers[p]) for p in ids}
+    free = audit_claim(llm, case, ids, methods, mode='free_text')
+    assert audit_status([free])['stance_unparseable'] == 2 and all(r.stance.status == 'unparseable' for r in free.records.values())
+    scored = audit_claim(llm, case, ids, methods, mode='scored')
+    assert audit_status([scored]) == {'claims': 1, 'features_unparseable': 0, 'ok': 2}
+    assert [scored.records[p].stance.answer for p in ids] == ['Neutral', 'Supports']        # line by line, in evidence order
+    assert scored.records['g'].stance.confidence > 0.5 and set(scored.records['g'].stance.logprobs) == {'supports', 'refutes', 'neutral'}
+    conf = stance_confusion([scored])
+    assert conf.loc['gold Supports', 'Supports'] == 1 and conf.loc['topical (no annotation)', 'Neutral'] == 1
+    with pytest.raises(ValueError, match='answer mode'): audit_claim(llm, case, ids, methods, mode='parsed')
+
+def test_scored_baselines_follow_their_protocol(tmp_path):
+    llm = ScriptedLLM({'Decide whether the evidence supports': 'Snippet [2] reports 20 percent fewer falls.',
+                       'Critique each snippet': '[1]: irrelevant\n[2]: full'}, tmp_path,
+                      choices={('Decide whether', 'Verdict:'): 'Supports', ('Now give a verdict', 'Verdict:'): 'Valid',
+                               ('Assess the claim', 'Initial verdict:'): 'Neutral', ('Assess the claim', 'one paper:'): 'yes',
+                               ('Assess the claim', 'Paper number:'): '2', ('Full text of paper 2', 'Final verdict:'): 'Supports',
+                               ('Question: Does vitamin D not', 'Answer:'): 'No', ('Question:', 'Answer:'): 'Yes'})
+    f = ClaimFeatures.model_validate_json(FEATURES)
+    cot = run_baseline(llm, 'COT-RAG', _case(), 'TY1', f)
+    assert (cot.verdict, cot.detail['label'], cot.raw) == ('Valid', 'Supports', 'Snippet [2] reports 20 percent fewer falls.')
+    assert cot.confidence == pytest.approx(1 / (1 + 3 * math.exp(-3))) and set(cot.logprobs) == {'Supports', 'Refutes', 'Neutral', 'Unverifiable'}
+    sr = run_baseline(llm, 'Self-RAG', _case(), 'TY1', f)
+    assert (sr.verdict, sr.raw, sr.detail['label']) == ('Valid', '[1]: irrelevant\n[2]: full', 'Valid')   # critiques written, verdict scored
+    fl = run_baseline(llm, 'FLARE', _case(), 'TY1', f)
+    assert (fl.verdict, fl.detail['review']) == ('Valid', 'g')                              # paper 2 of TY1 is the gold one
+    ci = run_baseline(llm, 'CIBER', _case(), 'TY1', f)
+    assert ci.verdict == 'Valid' and ci.detail['stances'] == ['Supports', 'Supports', 'Supports', 'Supports']
+    assert run_baseline(llm, 'FLARE', _case(), 'TY1', None).verdict == 'unparseable'     # no features: counted, not defaulted
+
+def test_free_text_baseline_answers_outside_schema_are_unparseable(tmp_path):
+    llm = ScriptedLLM({'Decide whether the evidence supports': json.dumps({'relevant_statements': 'x', 'verdict': 'Probably'}),
+                       'Assess the claim': json.dumps(dict(initial_verdict='Supports', needs_full_review=True, paper='7'))}, tmp_path)
+    f = ClaimFeatures.model_validate_json(FEATURES)
+    assert run_baseline(llm, 'COT-RAG', _case(), 'TY1', None, mode='free_text').verdict == 'unparseable'
+    run = run_baseline(llm, 'FLARE', _case(), 'TY1', f, mode='free_text')
+    assert (run.verdict, run.detail['step']) == ('unparseable', 'assessment')             # paper 7 does not exist in TY1
+    with pytest.raises(ValueError, match='unknown baseline'): run_baseline(llm, 'ReAct', _case(), 'TY1', None)
+    with pytest.raises(ValueError, match='answer mode'): run_baseline(llm, 'COT-RAG', _case(), 'TY1', None, mode='json')
+
 def test_probe_justification_is_capped_so_the_json_can_close(tmp_path):
     with pytest.raises(Exception): ProbeAnswer.model_validate(dict(answer='Yes', justification='x' * (JUSTIFICATION_CHARS + 1)))
     assert ProbeAnswer.model_json_schema()['properties']['justification']['maxLength'] == JUSTIFICATION_CHARS
     cot = json.dumps(dict(relevant_statements='falls fell by 20 percent', verdict='Supports'))
     probe = json.dumps(dict(answer='Yes', justification='The trial reports fewer falls.'))
     llm = ScriptedLLM({'Decide whether the evidence supports': cot, 'Answer the question': probe}, tmp_path)
-    from rag_lab.papers.verirag import ClaimFeatures
-    run = run_baseline(llm, 'CIBER', _case(), 'TY1', ClaimFeatures.model_validate_json(FEATURES))
+    run = run_baseline(llm, 'CIBER', _case(), 'TY1', ClaimFeatures.model_validate_json(FEATURES), mode='free_text')
     assert run.verdict == 'Valid' and run.detail['stances'] == ['Supports', 'Supports', 'Supports', 'Refutes']
 
-def test_audit_with_extra_check_is_rejected(tmp_path):
-    # C8 does not apply to a randomised trial: a verdict for it is outside the schema
-    extra = json.dumps({'stance': 'Supports', **{c: 'Pass' for c in CHECK_IDS}})
-    llm = ScriptedLLM({'describe the study': RCT, 'You audit one research paper': extra}, tmp_path)
-    assert audit_paper(llm, _case(), 'g').status == 'audit_unparseable'
+def test_selfrag_schema_wants_one_critique_per_passage():
+    from pydantic import ValidationError
+    from rag_lab.papers.verirag import selfrag_schema
+    S = selfrag_schema(2)
+    one = lambda n: dict(passage=n, relevant=True, support='No Support')
+    assert len(S.model_validate(dict(critiques=[one('1'), one('2')])).critiques) == 2
+    for bad in ([one('1')], [one('1'), one('2'), one('1')], [one('1'), one('3')]):
+        with pytest.raises(ValidationError): S.model_validate(dict(critiques=bad))
+    assert S.model_json_schema()['properties']['critiques']['maxItems'] == 2  # what the llama.cpp grammar enforces
 
-def test_valid_audit_flows_into_hv(tmp_path):
-    ok = json.dumps({'stance': 'Supports', **{c: 'Pass' for c, a in applicable_checks(PaperExtraction.model_validate_json(RCT)).items() if a}})
-    llm = ScriptedLLM({'describe the study': RCT, 'You audit one research paper': ok}, tmp_path)
-    rec = audit_paper(llm, _case(), 'g')
-    assert rec.status == 'ok' and rec.audit.quality == 1.0 and rec.audit.stance == 'Supports'
+# --- the paired statistics of the headline
 
-def test_baseline_answer_outside_schema_is_unparseable(tmp_path):
-    llm = ScriptedLLM({'Decide whether the evidence supports': json.dumps({'relevant_statements': 'x', 'verdict': 'Probably'})}, tmp_path)
-    assert run_baseline(llm, 'CoT-RAG', _case(), 'TY1', None).verdict == 'unparseable'
-    with pytest.raises(ValueError, match='unknown baseline'): run_baseline(llm, 'ReAct', _case(), 'TY1', None)
+labels = st.lists(st.tuples(st.booleans(), st.booleans(), st.booleans()), min_size=2, max_size=60)
+
+@settings(max_examples=40, deadline=None)
+@given(labels)
+def test_summary_intervals_contain_the_estimate_and_agree_with_sklearn(rows):
+    yt, ya, _ = map(list, zip(*rows))
+    s = classification_summary(yt, ya, n_boot=200)
+    m = binary_metrics(yt, ya)
+    assert s['macro_f1'] == pytest.approx(m['macro_f1']) and s['mcc'] == pytest.approx(m['mcc'])
+    assert s['accuracy'] == pytest.approx(100 * m['accuracy']) and s['n'] == len(yt)
+    for k in ('accuracy', 'macro_f1', 'mcc'):
+        assert s[f'{k}_lo'] - 1e-9 <= s[f'{k}_hi']
+    assert (s['tp'], s['fp'], s['fn'], s['tn']) == (m['tp'], m['fp'], m['fn'], m['tn'])
+
+@settings(max_examples=40, deadline=None)
+@given(labels)
+def test_paired_f1_difference_is_antisymmetric_and_zero_for_equal_systems(rows):
+    yt, ya, yb = map(list, zip(*rows))
+    ab, ba = paired_f1_difference(yt, ya, yb, n_boot=200), paired_f1_difference(yt, yb, ya, n_boot=200)
+    assert ab['diff'] == pytest.approx(-ba['diff']) and ab['lo'] == pytest.approx(-ba['hi']) and ab['hi'] == pytest.approx(-ba['lo'])
+    assert {ab['verdict'], ba['verdict']} in ({'undecided'}, {'confirmed', 'refuted'})
+    same = paired_f1_difference(yt, ya, ya, n_boot=200)
+    assert (same['diff'], same['lo'], same['hi'], same['verdict']) == (0.0, 0.0, 0.0, 'undecided')
+
+def test_outcome_codes_refuse_unpaired_input():
+    with pytest.raises(ValueError): outcome_codes([True, False], [True])
+    with pytest.raises(ValueError): classification_summary([], [])
+
+def test_check_pass_rates_count_distinct_audited_papers():
+    verdicts, mask = grades_to_audit(RCT_GRADES)
+    ok = verdicts | {'C1': 'Fail'}
+    pr = check_pass_rates({'a': PaperMethods('a', 'ok', mask, ok), 'b': PaperMethods('b', 'ok', mask, verdicts),
+                           'c': PaperMethods('c', 'unparseable')}).set_index('check')
+    assert pr.loc['C1', 'applicable'] == 2 and pr.loc['C1', 'Fail %'] == 50 and pr.loc['C1', 'Pass %'] == 50
+    assert pr.loc['C8', 'applicable'] == 0 and math.isnan(pr.loc['C8', 'Pass %'])          # no applicable paper: no rate
+
+# --- parameters and samples
+
+def test_parameters_are_refused_before_work():
+    with pytest.raises(ValueError, match='cannot also be secondary'): VeriragParams(scenario='TY1', secondary_scenarios='TY0,TY1')
+    with pytest.raises(ValueError, match='cannot exceed n'): VeriragParams(n=5, n_secondary=6)
+    with pytest.raises(ValueError, match='unknown scenario'): VeriragParams(scenario='TY2')
+    with pytest.raises(ValueError, match='free_text'): VeriragParams(backend='openai', model='gpt-4o')
+    assert VeriragParams(secondary_scenarios='NONE').secondary == []
+
+def test_samples_are_nested_and_splits_disjoint():
+    small, large = claim_cases('healthver,covidfact', 'test', 2, 7), claim_cases('healthver,covidfact', 'test', 4, 7)
+    assert [c.claim_id for c in first_per_set(large, 2)] == [c.claim_id for c in small]
+    train = claim_cases('healthver,covidfact', 'train', 4, 7)
+    assert not {c.claim_id for c in train} & {c.claim_id for c in large}
+    test_papers = {p for c in large for p in c.papers}
+    assert all(p.startswith('hv-test-') for p in test_papers if p.startswith('hv-'))   # paper ids cannot collide across splits
 
 # --- metrics
 
@@ -259,12 +353,3 @@ def test_binary_metrics_refuses_bad_input():
     with pytest.raises(ValueError): binary_metrics([], [])
 
 
-def test_selfrag_schema_wants_one_critique_per_passage():
-    from pydantic import ValidationError
-    from rag_lab.papers.verirag import selfrag_schema
-    S = selfrag_schema(['111', '222'])
-    one = lambda pid: dict(passage_id=pid, relevant=True, support='No Support')
-    assert len(S.model_validate(dict(critiques=[one('111'), one('222')])).critiques) == 2
-    for bad in ([one('111')], [one('111'), one('222'), one('111')], [one('111'), one('999')]):
-        with pytest.raises(ValidationError): S.model_validate(dict(critiques=bad))
-    assert S.model_json_schema()['properties']['critiques']['maxItems'] == 2  # what the llama.cpp grammar enforces

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal, Mapping, Sequence
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import Ridge
 from sklearn.metrics import f1_score, matthews_corrcoef
@@ -18,48 +18,78 @@ from sklearn.metrics.pairwise import cosine_similarity
 from ..config import LLMParams, SMOKE_LLM, comma_list_of
 
 # %% auto #0
-__all__ = ['PARAMS', 'PROFILES', 'StudyDesign', 'STUDY_DESIGNS', 'EMPIRICAL', 'CHECKS', 'CHECK_IDS', 'K', 'VERDICT_SCORE',
-           'STANCE_SIGN', 'REQUIRED_STANDARDS', 'STANDARD_PRIOR', 'TAU_CLAMP', 'ALPHA_GRID', 'LAMBDA_GRID', 'C_GRID',
-           'SCENARIOS', 'CLAIM_SETS', 'BUILDERS', 'Verdict', 'Stance', 'PROBE_CHARS', 'ABSTRACT_WORDS', 'MAX_REPAIRS',
-           'JUSTIFICATION_CHARS', 'CIBER_RELIABILITY', 'BASELINES', 'PROBE_STANCE', 'VeriragParams', 'Check',
-           'PaperExtraction', 'applicable_checks', 'audit_vectors', 'paper_quality', 'chunk_redundancy',
-           'paper_redundancy', 'effective_contribution', 'tallies', 'log_odds', 'sigmoid', 'hv_score', 'claim_features',
-           'BoldnessModel', 'tau_base', 'tau_auto', 'accept', 'PaperAudit', 'HVParams', 'score_claim', 'binary_metrics',
-           'calibrate', 'macro_f1_from_counts', 'macro_f1_ci', 'prediction_summary', 'metrics_from_confusion',
-           'confusion_table', 'mcc_ranges', 'judge_agreement', 'EvidencePaper', 'ClaimCase', 'temporal_scenarios',
-           'build_cases', 'scifact_cases', 'healthver_cases', 'covidfact_cases', 'claim_cases', 'evidence_chunks',
-           'snippet_block', 'ClaimFeatures', 'audit_schema', 'extraction_prompt', 'features_prompt', 'audit_prompt',
-           'second_judge_prompt', 'AuditRecord', 'extract_paper', 'audit_paper', 'claim_features_of', 'CoTVerdict',
-           'PassageCritique', 'SelfRAGCritiques', 'selfrag_schema', 'SynthesisVerdict', 'FlareAssessment',
-           'FinalVerdict', 'ProbeAnswer', 'cot_prompt', 'selfrag_critique_prompt', 'selfrag_synthesis_prompt',
-           'flare_prompt', 'flare_final_prompt', 'probe_prompt', 'dempster', 'stance_mass', 'fuse_stances',
-           'BaselineRun', 'run_baseline', 'CaseAudit', 'audit_case', 'audit_status', 'boldness_features',
-           'fit_boldness', 'verirag_scores', 'verirag_verdicts', 'predicted_valid', 'second_judge']
+__all__ = ['AnswerMode', 'ANSWER_MODES', 'PARAMS', 'PROFILES', 'CHECKS', 'CHECK_IDS', 'K', 'CheckGrade', 'CHECK_GRADES',
+           'VERDICT_SCORE', 'STANCE_SIGN', 'REQUIRED_STANDARDS', 'STANDARD_PRIOR', 'TAU_CLAMP', 'ALPHA_GRID',
+           'LAMBDA_GRID', 'C_GRID', 'SCENARIOS', 'CLAIM_SETS', 'LATER_PAPERS', 'BUILDERS', 'Verdict', 'Stance',
+           'PROBE_CHARS', 'STANCE_WORDS', 'PAPER_WORDS', 'METHODS_AUDIT_INSTRUCTIONS', 'SECOND_JUDGE_INSTRUCTIONS',
+           'MAX_REPAIRS', 'STATEMENT_CHARS', 'SUPPORT_LABELS', 'JUSTIFICATION_CHARS', 'VERDICT_WORDS',
+           'SYNTHESIS_WORDS', 'YES_NO', 'PROBE_WORDS', 'RATIONALE_TOKENS', 'CRITIQUE_TOKENS', 'CIBER_RELIABILITY',
+           'BASELINES', 'PROBE_STANCE', 'VeriragParams', 'Check', 'grades_to_audit', 'audit_vectors', 'paper_quality',
+           'chunk_redundancy', 'paper_redundancy', 'effective_contribution', 'tallies', 'log_odds', 'sigmoid',
+           'hv_score', 'claim_features', 'BoldnessModel', 'tau_base', 'tau_auto', 'accept', 'PaperAudit', 'HVParams',
+           'score_claim', 'binary_metrics', 'calibrate', 'macro_f1_from_counts', 'macro_f1_ci', 'prediction_summary',
+           'metrics_from_confusion', 'confusion_table', 'mcc_ranges', 'judge_agreement', 'EvidencePaper', 'ClaimCase',
+           'temporal_scenarios', 'build_cases', 'scifact_cases', 'healthver_cases', 'covidfact_cases', 'claim_cases',
+           'first_per_set', 'evidence_chunks', 'evidence_header', 'ClaimFeatures', 'MethodsAudit', 'audit_schema',
+           'stance_schema', 'methods_audit_prompt', 'features_prompt', 'stance_prompt', 'second_judge_prompt',
+           'PaperMethods', 'audit_methods', 'claim_features_of', 'paper_stances', 'CoTVerdict', 'PassageCritique',
+           'selfrag_schema', 'SynthesisVerdict', 'flare_schema', 'FinalVerdict', 'ProbeAnswer', 'cot_prompt',
+           'selfrag_critique_prompt', 'selfrag_synthesis_prompt', 'flare_prompt', 'flare_final_prompt', 'probe_prompt',
+           'dempster', 'stance_mass', 'fuse_stances', 'BaselineRun', 'run_cot', 'run_ciber', 'run_selfrag', 'run_flare',
+           'run_baseline', 'AuditRecord', 'CaseAudit', 'audit_claim', 'audit_status', 'boldness_features',
+           'fit_boldness', 'verirag_scores', 'verirag_verdicts', 'predicted_valid', 'second_judge', 'outcome_codes',
+           'classification_summary', 'paired_f1_difference', 'check_pass_rates', 'stance_confusion']
 
 # %% ../../nbs/41_verirag_method.ipynb #198f8929
-class VeriragParams(LLMParams):
-    "VERIRAG (paper 4)."
-    claim_sets: str = 'scifact,healthver,covidfact'
-    n_train: int = Field(4, ge=2, le=100_000, description="training claims for calibrating alpha, lambda, C and the Ridge threshold model")
-    scenarios: str = 'TY0,TY1,TY3,TY5'
+AnswerMode = Literal['scored', 'free_text']
+ANSWER_MODES: tuple[str, ...] = AnswerMode.__args__
 
-    @field_validator('claim_sets', 'scenarios')
+class VeriragParams(LLMParams):
+    "VERIRAG (paper 4). `n`: headline test claims per claim set (None: every eligible claim)."
+    claim_sets: str = 'scifact,healthver,covidfact'
+    n_train: int = Field(4, ge=2, le=100_000, description="training claims per claim set, for calibrating α, λ, C and the Ridge threshold model (disjoint from the test claims)")
+    scenario: str = Field('TY3', description="the primary evidence scenario: the headline comparison")
+    secondary_scenarios: str = Field('TY1', description="scenarios where the baselines also run (on the secondary claims), comma-separated, or 'none'; VERIRAG is scored in every scenario at no extra cost")
+    n_secondary: int = Field(2, ge=1, le=100_000, description="claims per claim set for the secondary cells (the first of the headline's): baselines in the secondary scenarios, the other answer_mode")
+    n_judge: int = Field(4, ge=1, le=1_000_000, description="distinct papers the second judge re-grades (Table 2): the first papers of the secondary claims in the primary scenario")
+    answer_mode: AnswerMode = Field('scored', description="headline protocol: labels scored by option log-probability, or parsed from JSON (the paper's protocol; the other one runs on the secondary claims)")
+
+    @field_validator('claim_sets')
     @classmethod
-    def _known_items(cls, v: str, info) -> str:
-        known = {'claim_sets': {'scifact', 'healthver', 'covidfact'}, 'scenarios': {'TY0', 'TY1', 'TY3', 'TY5'}}[info.field_name]
-        return comma_list_of(v, known, info.field_name)
+    def _known_sets(cls, v: str) -> str: return comma_list_of(v, {'scifact', 'healthver', 'covidfact'}, 'claim_sets')
+
+    @field_validator('scenario')
+    @classmethod
+    def _known_scenario(cls, v: str) -> str:
+        if v not in ('TY0', 'TY1', 'TY3', 'TY5'): raise ValueError(f"unknown scenario {v!r}; choose one of TY0, TY1, TY3, TY5")
+        return v
+
+    @field_validator('secondary_scenarios')
+    @classmethod
+    def _known_secondary(cls, v: str) -> str:
+        return 'none' if v.strip().lower() == 'none' else comma_list_of(v, {'TY0', 'TY1', 'TY3', 'TY5'}, 'secondary_scenarios')
+
+    @model_validator(mode='after')
+    def _consistent(self) -> 'VeriragParams':
+        if self.scenario in self.secondary_scenarios.split(','):
+            raise ValueError(f"the primary scenario {self.scenario} cannot also be secondary ({self.secondary_scenarios})")
+        if self.n is not None and self.n_secondary > self.n:
+            raise ValueError(f"n_secondary ({self.n_secondary}) cannot exceed n ({self.n}): secondary claims are the first of the headline's")
+        if self.backend == 'openai' and self.answer_mode == 'scored':
+            raise ValueError("backend openai cannot score the options of a chat prompt: use answer_mode=free_text (the paper's protocol)")
+        return self
+
+    @property
+    def secondary(self) -> list[str]:
+        "The secondary scenarios as a list (empty for 'none')."
+        return [] if self.secondary_scenarios == 'none' else self.secondary_scenarios.split(',')
 
 PARAMS = VeriragParams
-PROFILES: dict[str, dict] = {'smoke': dict(n=1, n_train=2, scenarios='TY1', claim_sets='covidfact', **SMOKE_LLM),
-                      'default': dict(n=6, n_train=12),
-                      'paper': dict(n=100, n_train=60, backend='openai', model='gpt-4o')}   # profile -> the values it sets
+PROFILES: dict[str, dict] = {'smoke': dict(n=1, n_train=2, n_secondary=1, n_judge=1, claim_sets='covidfact', scenario='TY1', secondary_scenarios='TY0', **SMOKE_LLM),
+                      'default': dict(n=50, n_train=4, n_secondary=17, n_judge=50, secondary_scenarios='none'),
+                      'paper': dict(n=100, n_train=20, n_secondary=100, n_judge=400, secondary_scenarios='TY0,TY1,TY5', answer_mode='free_text', backend='openai', model='gpt-4o')}   # profile -> the values it sets
 
 # %% ../../nbs/41_verirag_method.ipynb #ea978d34
-StudyDesign = Literal['randomized_trial', 'observational', 'meta_analysis', 'laboratory_experiment',
-                      'case_report', 'narrative_review', 'modeling', 'other']
-STUDY_DESIGNS: tuple[str, ...] = StudyDesign.__args__
-EMPIRICAL = ('randomized_trial', 'observational', 'meta_analysis', 'laboratory_experiment')  # studies that analyse data
-
 @dataclass(frozen=True)
 class Check:
     id: str            # 'C1' ... 'C11'
@@ -67,14 +97,12 @@ class Check:
     family: str        # 'data quality' or 'inferential validity'
     guideline: str     # the reporting-guideline items it maps to
     question: str      # what the auditor is asked (our wording)
-    applies_to: tuple[str, ...] = EMPIRICAL   # study designs the check is meant for
 
 CHECKS: dict[str, Check] = {c.id: c for c in [
     Check('C1', 'Data Integrity', 'data quality', 'CONSORT 22a, 26',
           'Are the numbers of participants or samples consistent wherever they are reported, and is the data source described?'),
     Check('C2', 'Missing Data Patterns', 'data quality', 'CONSORT 21c, 22b',
-          'Does the paper say how missing data, dropouts or exclusions were handled, and whether that could bias the result?',
-          ('randomized_trial', 'observational', 'meta_analysis')),
+          'Does the paper say how missing data, dropouts or exclusions were handled, and whether that could bias the result?'),
     Check('C3', 'Sample Representativeness', 'data quality', 'CONSORT 12a',
           'Is the sample (who or what was studied, and how it was selected) described and adequate for what the paper concludes?'),
     Check('C4', 'Outcome Variability', 'data quality', 'CONSORT 26',
@@ -82,17 +110,15 @@ CHECKS: dict[str, Check] = {c.id: c for c in [
     Check('C5', 'Estimation Validity', 'inferential validity', 'CONSORT 21a',
           'Are the statistical methods named and suitable for the design and the kind of data?'),
     Check('C6', 'Statistical Power', 'inferential validity', 'CONSORT 16a',
-          'Is the sample size justified, for example by a power calculation?',
-          ('randomized_trial', 'laboratory_experiment')),
+          'For experimental studies: is the sample size justified, for example by a power calculation?'),
     Check('C7', 'Outlier Influence', 'inferential validity', 'CONSORT 21d, 28',
           'Did the authors check that the conclusion is robust, for example with sensitivity analyses or outlier checks?'),
     Check('C8', 'Confounding Control', 'inferential validity', 'STROBE 7',
-          'Are likely confounders named and adjusted for in the analysis?', ('observational',)),
+          'For observational studies: are likely confounders named and adjusted for in the analysis?'),
     Check('C9', 'Source Consistency', 'inferential validity', 'CONSORT 6, 29',
-          'Does the paper place its result fairly against earlier work, including findings that disagree?',
-          EMPIRICAL + ('narrative_review',)),
+          'Does the paper place its result fairly against earlier work, including findings that disagree?'),
     Check('C10', 'Effect Homogeneity', 'inferential validity', 'PRISMA 14',
-          'Was heterogeneity between the pooled studies measured and discussed (for example I-squared)?', ('meta_analysis',)),
+          'For meta-analyses: was heterogeneity between the pooled studies measured and discussed (for example I-squared)?'),
     Check('C11', 'Subgroup Consistency', 'inferential validity', 'CONSORT 21d, 28',
           'Were the subgroup analyses planned in advance and reported with caution rather than as main findings?'),
 ]}
@@ -100,25 +126,17 @@ CHECK_IDS: tuple[str, ...] = tuple(CHECKS)
 K = len(CHECK_IDS)  # 11
 
 # %% ../../nbs/41_verirag_method.ipynb #be49ae06
-class PaperExtraction(BaseModel):
-    "Facts about one paper that decide which Veritable checks apply (our Prompt 1A output)."
-    model_config = ConfigDict(extra='forbid')
-    study_design: StudyDesign = Field(description='the design of the study the text reports')
-    human_participants: bool = Field(description='whether people were studied')
-    reports_quantitative_results: bool = Field(description='whether numeric results (counts, effects, p-values) are given')
-    reports_subgroup_analyses: bool = Field(description='whether results are broken down by subgroups')
-    funding_or_conflicts_stated: bool = Field(description='whether funding or conflicts of interest are mentioned')
+CheckGrade = Literal['Pass', 'Uncertain', 'Fail', 'NA']
+CHECK_GRADES: tuple[str, ...] = CheckGrade.__args__
 
-_NEEDS_DATA = {'C1', 'C2', 'C3', 'C4', 'C5', 'C6', 'C7'}
-
-def applicable_checks(x: PaperExtraction, # the paper's extraction
-                     ) -> dict[str, bool]: # check id -> applicable (the mask m_i)
-    "The applicability mask of one paper, by rule from its extraction."
-    m = {cid: x.study_design in c.applies_to for cid, c in CHECKS.items()}
-    if not x.reports_quantitative_results:
-        for cid in _NEEDS_DATA: m[cid] = False
-    if not x.reports_subgroup_analyses: m['C11'] = False
-    return m
+def grades_to_audit(grades: Sequence[str], # one grade per check, in CHECK_IDS order
+                   ) -> tuple[dict[str, str], dict[str, bool]]: # (verdicts of the applicable checks, mask m_i)
+    "The applicability mask (NA → not applicable) and the verdicts of the applicable checks, from a paper's grades."
+    if len(grades) != K: raise ValueError(f"need one grade per check ({K}), got {len(grades)}")
+    bad = sorted({g for g in grades if g not in CHECK_GRADES})
+    if bad: raise ValueError(f"grade(s) {bad} not among {CHECK_GRADES}")
+    mask = {c: g != 'NA' for c, g in zip(CHECK_IDS, grades)}
+    return {c: g for c, g in zip(CHECK_IDS, grades) if g != 'NA'}, mask
 
 # %% ../../nbs/41_verirag_method.ipynb #52a44d95
 VERDICT_SCORE: dict[str, float] = {'Pass': 1.0, 'Uncertain': 0.5, 'Fail': 0.0}
@@ -420,17 +438,18 @@ def judge_agreement(a: pd.DataFrame, b: pd.DataFrame, # columns paper_id, check,
 # %% ../../nbs/41_verirag_method.ipynb #5411f162
 import hashlib, json, math
 from dataclasses import dataclass, field
-from typing import Annotated, Literal, Sequence
+from typing import Annotated, Literal, Mapping, Sequence
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, create_model
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.metrics.pairwise import cosine_similarity
-from ..data import load_scifact_claims, load_healthver, load_covidfact, scifact_corpus
-from ..llm import LLM, LEDGER, chat_structured
+from ..data import load_scifact_claims, load_healthver, load_covidfact, scifact_corpus, nested_sample
+from ..llm import LLM, LEDGER, chat_structured, track
+from ..metrics import paired_bootstrap, verdict as interval_verdict
+from ..parsing import ParsedAnswer
 from ..retrieval import BM25Index
 from ..text import Corpus, Document, split_sentences
-
 
 # %% ../../nbs/41_verirag_method.ipynb #cf231d64
 SCENARIOS = ('TY0', 'TY1', 'TY3', 'TY5')
@@ -465,30 +484,26 @@ def temporal_scenarios(first: str, # the TY0 paper
     return {'TY0': [first], 'TY1': ty1, 'TY3': ty1 + list(later), 'TY5': list(gold) + list(later)}
 
 # %% ../../nbs/41_verirag_method.ipynb #f1d34cf3
-def _balanced_sample(df: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
-    "`n` rows, half with valid True and half False (as far as they exist), in a seeded random order."
-    k_valid = (n + 1) // 2
-    parts = [df[df.valid].sample(min(k_valid, int(df.valid.sum())), random_state=seed),
-             df[~df.valid].sample(min(n - k_valid, int((~df.valid).sum())), random_state=seed)]
-    return pd.concat(parts).sample(frac=1, random_state=seed)
+LATER_PAPERS = 1   # topical papers added at TY3 (one keeps the default run within its compute budget)
 
 def build_cases(claims: pd.DataFrame, # columns claim_id, claim, valid, gold (list of paper ids), gold_stances (list)
                 pool: Corpus, # every candidate paper (gold ones included)
                 claim_set: str, split: str,
-                n: int, # claims to keep (balanced Valid / Invalid)
+                n: int | None, # claims to keep, the first buildable ones of the seeded permutation; None: all
                 seed: int,
-                n_later: int = 2, # topical papers added at TY3
+                n_later: int = LATER_PAPERS, # topical papers added at TY3
                 max_gold: int = 2, # gold papers kept per claim
                 group_of: dict[str, str] | None = None, # paper id -> group; topical papers never share the claim's gold group
                ) -> list[ClaimCase]:
-    "Claim cases with their four scenarios, from labelled claims and a paper pool."
-    if n < 1: raise ValueError(f"n must be >= 1, got {n}")
+    "Claim cases with their four scenarios, from labelled claims and a paper pool, in `nested_sample` order."
+    if n is not None and n < 1: raise ValueError(f"n must be >= 1, got {n}")
     missing = {p for g in claims.gold for p in g} - set(pool.ids)
     if missing: raise ValueError(f"{len(missing)} gold paper(s) are not in the pool, e.g. {sorted(missing)[:3]}")
-    picked = _balanced_sample(claims[claims.gold.map(len) > 0], n, seed)
+    order = nested_sample(claims[claims.gold.map(len) > 0].reset_index(drop=True), None, seed)
     index, group_of = BM25Index(pool), group_of or {}
     cases = []
-    for r in picked.itertuples():
+    for r in order.itertuples():
+        if n is not None and len(cases) == n: break
         gold = list(r.gold)[:max_gold]
         banned = set(r.gold) | {p for p in pool.ids if group_of and group_of.get(p) in {group_of.get(g) for g in r.gold}}
         hits = [d for d in index.search([r.claim], k=50 + len(banned))['0'] if d not in banned][:1 + n_later]
@@ -504,7 +519,7 @@ def build_cases(claims: pd.DataFrame, # columns claim_id, claim, valid, gold (li
 def _stable_half(key: str) -> str:
     return 'train' if int(hashlib.sha256(key.encode()).hexdigest(), 16) % 2 == 0 else 'test'
 
-def scifact_cases(split: str, n: int, seed: int) -> list[ClaimCase]:
+def scifact_cases(split: str, n: int | None, seed: int) -> list[ClaimCase]:
     "SciFact claims (train split: 'train', test split: SciFact dev) with SUPPORT / CONTRADICT evidence."
     claims = load_scifact_claims({'train': 'train', 'test': 'dev'}[split])
     rows = []
@@ -519,10 +534,10 @@ def scifact_cases(split: str, n: int, seed: int) -> list[ClaimCase]:
     pool = Corpus([Document(d.id, d.title, d.text) for d in corpus], name='scifact')
     return build_cases(pd.DataFrame(rows), pool, 'scifact', split, n, seed)
 
-def healthver_cases(split: str, n: int, seed: int) -> list[ClaimCase]:
+def healthver_cases(split: str, n: int | None, seed: int) -> list[ClaimCase]:
     "HealthVer claims (train split: HealthVer dev, test split: HealthVer test) with their evidence snippets."
     df = load_healthver({'train': 'dev', 'test': 'test'}[split])
-    ev_id = {t: f'hv-ev{i}' for i, t in enumerate(dict.fromkeys(df.evidence))}
+    ev_id = {t: f'hv-{split}-ev{i}' for i, t in enumerate(dict.fromkeys(df.evidence))}   # ids unique across the two splits
     pool = Corpus([Document(i, '', t) for t, i in ev_id.items()], name=f'healthver-{split}')
     rows = []
     for claim, g in df.groupby('claim', sort=True):
@@ -543,7 +558,7 @@ def healthver_cases(split: str, n: int, seed: int) -> list[ClaimCase]:
         c.scenarios = temporal_scenarios(c.scenarios['TY0'][0], gold, c.scenarios['TY3'][len(c.scenarios['TY1']):])
     return cases
 
-def covidfact_cases(split: str, n: int, seed: int) -> list[ClaimCase]:
+def covidfact_cases(split: str, n: int | None, seed: int) -> list[ClaimCase]:
     "COVID-Fact claims, split by source, with their source's evidence sentences as the gold paper."
     df = load_covidfact()
     df = df.assign(source=df.gold_source.fillna('') + '|' + df.evidence.map(' '.join).str[:80])
@@ -561,15 +576,24 @@ BUILDERS = {'scifact': scifact_cases, 'healthver': healthver_cases, 'covidfact':
 # %% ../../nbs/41_verirag_method.ipynb #2d50d8c1
 def claim_cases(claim_sets: str | Sequence[str], # comma-separated or a list, from CLAIM_SETS
                 split: str, # 'train' or 'test'
-                n: int, # claims in total, shared evenly between the claim sets
+                n: int | None, # claims per claim set (None: every eligible claim)
                 seed: int = 42) -> list[ClaimCase]:
-    "Balanced claim cases from the named claim sets."
+    "Claim cases from the named claim sets, `n` per set, each set in its own `nested_sample` order."
     names = [s.strip() for s in claim_sets.split(',')] if isinstance(claim_sets, str) else list(claim_sets)
     bad = [s for s in names if s not in BUILDERS]
     if bad or not names: raise ValueError(f"unknown claim set(s) {bad}; choose from {CLAIM_SETS}")
     if split not in ('train', 'test'): raise ValueError(f"split must be train or test, not {split!r}")
-    per = [n // len(names) + (i < n % len(names)) for i in range(len(names))]
-    return [c for s, k in zip(names, per) if k for c in BUILDERS[s](split, k, seed)]
+    return [c for s in names for c in BUILDERS[s](split, n, seed)]
+
+def first_per_set(cases: Sequence[ClaimCase], # cases in `claim_cases` order
+                  k: int, # how many of each claim set
+                 ) -> list[ClaimCase]:
+    "The first `k` cases of each claim set: because samples are nested, these are the cases of a run with n = k."
+    seen: dict[str, int] = {}
+    out = []
+    for c in cases:
+        if seen.get(c.claim_set, 0) < k: out.append(c); seen[c.claim_set] = seen.get(c.claim_set, 0) + 1
+    return out
 
 # %% ../../nbs/41_verirag_method.ipynb #00d4f0b9
 def evidence_chunks(paper: EvidencePaper, claim: str, k: int = 2) -> list[str]:
@@ -587,9 +611,10 @@ def _clip_words(text: str, n: int) -> str:
     w = text.split()
     return ' '.join(w[:n]) + (' ...' if len(w) > n else '')
 
-def snippet_block(case: ClaimCase, paper_ids: Sequence[str]) -> str:
-    "The evidence snippets of `paper_ids`, one block per paper, labelled with its id."
-    return '\n'.join(f'[{p}] ' + ' '.join(evidence_chunks(case.papers[p], case.claim)) for p in paper_ids)
+def evidence_header(case: ClaimCase, paper_ids: Sequence[str]) -> str:
+    "The block every snippet-reading prompt starts with: each paper's chunks, numbered [1], [2], ... in evidence order."
+    lines = [f'[{i + 1}] ' + ' '.join(evidence_chunks(case.papers[p], case.claim)) for i, p in enumerate(paper_ids)]
+    return "Evidence snippets, numbered by paper:\n" + '\n'.join(lines) + '\n\n'
 
 # %% ../../nbs/41_verirag_method.ipynb #173f05d6
 Verdict = Literal['Pass', 'Uncertain', 'Fail']
@@ -602,188 +627,218 @@ class ClaimFeatures(BaseModel):
     model_config = ConfigDict(extra='forbid')
     specificity: int = Field(ge=1, le=10, description='1 vague ... 10 precise and quantitative')
     testability: int = Field(ge=1, le=10, description='1 untestable ... 10 directly testable')
-    claim_type: Literal['simple', 'composite']
     required_standard: Literal['Plausible Evidence', 'Robust Study', 'Settled Science']
     agree_probe: str = Field(max_length=PROBE_CHARS, description='a yes/no question that a yes answer would confirm the claim')
     conflict_probe: str = Field(max_length=PROBE_CHARS, description='a yes/no question asking whether the opposite of the claim holds')
     paraphrase_probe: str = Field(max_length=PROBE_CHARS, description='the claim rephrased as a yes/no question')
 
-def audit_schema(applicable: Sequence[str], # applicable check ids
-                 with_stance: bool = True, # include the paper's stance towards the claim
+class MethodsAudit(BaseModel):
+    "One paper's methods audit: a grade per Veritable check, in checklist order (NA: not applicable)."
+    model_config = ConfigDict(extra='forbid')
+    grades: Annotated[list[CheckGrade], Field(min_length=K, max_length=K)]
+
+def audit_schema(applicable: Sequence[str], # check ids to grade
                 ) -> type[BaseModel]:
-    "The JSON schema of one paper's audit: its stance and one verdict per applicable check, nothing else."
-    fields = {'stance': (Stance, ...)} if with_stance else {}
-    fields |= {cid: (Verdict, ...) for cid in applicable}
-    name = 'Audit_' + ('S_' if with_stance else '') + '_'.join(applicable)
-    return create_model(name, __config__=ConfigDict(extra='forbid'), **fields)
+    "The JSON schema of a grading of these checks (the second judge): one verdict per check, nothing else."
+    return create_model('Grades_' + '_'.join(applicable), __config__=ConfigDict(extra='forbid'),
+                        **{cid: (Verdict, ...) for cid in applicable})
+
+STANCE_WORDS: dict[str, str] = {'supports': 'Supports', 'refutes': 'Refutes', 'neutral': 'Neutral'}  # answer word -> stance
+
+def stance_schema(n_papers: int) -> type[BaseModel]:
+    "Free-text stances of a claim's papers: one answer word per paper number."
+    word = Literal[tuple(STANCE_WORDS)]
+    return create_model(f'Stances{n_papers}', __config__=ConfigDict(extra='forbid'),
+                        **{str(i + 1): (word, ...) for i in range(n_papers)})
 
 # %% ../../nbs/41_verirag_method.ipynb #0d960420
-ABSTRACT_WORDS = 220
+PAPER_WORDS = 120   # title + abstract words shown where a prompt reads a whole paper (methods audit, judge, FLARE's full text)
 
-def extraction_prompt(p: EvidencePaper) -> str:
-    "Prompt 1A (per paper, claim-independent): the facts that decide which checks apply."
-    designs = ', '.join(PaperExtraction.model_fields['study_design'].annotation.__args__)
-    return (f"You review the methods of biomedical research. Read the paper below and describe the study.\n\n"
-            f"Title: {p.title or '(none)'}\nText: {_clip_words(p.text, ABSTRACT_WORDS)}\n\n"
-            f"Reply with one JSON object with these keys:\n"
-            f"- study_design: one of {designs}\n"
-            f"- human_participants: true if people were studied\n"
-            f"- reports_quantitative_results: true if numbers such as counts, effect sizes or p-values are reported\n"
-            f"- reports_subgroup_analyses: true if results are broken down by subgroups\n"
-            f"- funding_or_conflicts_stated: true if funding or conflicts of interest are mentioned")
+def _checklist() -> str:
+    return '\n'.join(f"{cid} {CHECKS[cid].name}: {CHECKS[cid].question}" for cid in CHECK_IDS)
+
+METHODS_AUDIT_INSTRUCTIONS = (
+    "You audit the methods of biomedical research reports against eleven checks. Grade each check Pass (the text shows "
+    "it was done properly), Fail (the text shows it was not done or done badly), Uncertain (the text does not say "
+    "enough) or NA (the check does not apply to this kind of study or text).\n"
+    f"Checks:\n{_checklist()}\n\n")
+
+def methods_audit_prompt(p: EvidencePaper) -> str:
+    "Prompts 1A and 2 (checks part) for one paper, claim-independent: the checklist first (a prefix shared by every paper)."
+    return (METHODS_AUDIT_INSTRUCTIONS + f"Report {p.paper_id}\nTitle: {p.title or '(none)'}\nText: {_clip_words(p.text, PAPER_WORDS)}\n\n"
+            f"Reply with a JSON object whose key grades holds the eleven grades in order, C1 first and C11 last.")
 
 def features_prompt(claim: str) -> str:
-    "Prompt 1B (per claim): specificity, testability, type, the evidence standard it needs, and three probes."
-    return (f"You are a careful scientific analyst. Rate this research claim.\n\nClaim: \"{claim}\"\n\n"
-            f"Reply with one JSON object with these keys:\n"
-            f"- specificity: integer 1-10, how precise the claim is (10: exact quantities, populations and outcomes)\n"
-            f"- testability: integer 1-10, how directly a study could confirm or refute it\n"
-            f"- claim_type: simple (one assertion) or composite (several)\n"
-            f"- required_standard: the least evidence you would accept: Plausible Evidence, Robust Study or Settled Science\n"
-            f"- agree_probe: a yes/no question whose answer yes confirms the claim\n"
-            f"- conflict_probe: a yes/no question asking whether the opposite of the claim is true\n"
-            f"- paraphrase_probe: the claim restated as a yes/no question in different words")
+    "Prompt 1B (per claim): specificity, testability, the evidence standard it needs, and three probes."
+    return (f"Rate this research claim: \"{claim}\"\n\nReply with a JSON object: specificity (1-10: how precise; 10 "
+            f"names exact quantities, populations and outcomes), testability (1-10: how directly a study could confirm "
+            f"or refute it), required_standard (the least evidence you would accept: Plausible Evidence, Robust Study or "
+            f"Settled Science), agree_probe (a short yes/no question whose answer yes confirms the claim), conflict_probe "
+            f"(a short yes/no question asking whether the opposite is true), paraphrase_probe (the claim as a short yes/no "
+            f"question in other words).")
 
-def audit_prompt(claim: str, p: EvidencePaper, applicable: Sequence[str], extraction: PaperExtraction) -> str:
-    "Prompt 2 for one paper: its stance towards the claim and a verdict per applicable Veritable check."
-    checks = '\n'.join(f"- {cid} ({CHECKS[cid].name}): {CHECKS[cid].question}" for cid in applicable) or '- (none apply)'
-    return (f"You audit one research paper as evidence for a claim.\n\nClaim: \"{claim}\"\n\n"
-            f"Paper {p.paper_id} ({extraction.study_design.replace('_', ' ')})\nTitle: {p.title or '(none)'}\n"
-            f"Text: {_clip_words(p.text, ABSTRACT_WORDS)}\n\n"
-            f"1. stance: does the paper's text Support the claim, Refute it, or is it Neutral (does not address it)?\n"
-            f"2. For each check below answer Pass (the text shows it was done properly), Fail (the text shows it was "
-            f"not done or done badly) or Uncertain (the text does not say enough):\n{checks}\n\n"
-            f"Reply with one JSON object: the key stance (Supports, Refutes or Neutral) and one key per check id "
-            f"above, each Pass, Uncertain or Fail.")
+def stance_prompt(case: ClaimCase, paper_ids: Sequence[str], free_text: bool) -> str:
+    "Prompt 2 (stance part) for all of a claim's papers at once, after the shared evidence block."
+    ask = ('Reply with a JSON object mapping each snippet number to supports, refutes or neutral.' if free_text
+           else 'One line per snippet, e.g. [1]: supports')
+    return (evidence_header(case, paper_ids) + f"Claim: \"{case.claim}\"\n\nStance of each snippet towards the claim: "
+            f"supports (it says the claim is true), refutes (it says the claim is false) or neutral (it does not say "
+            f"either). {ask}")
+
+SECOND_JUDGE_INSTRUCTIONS = (
+    "Act as a statistical referee. Judge only what a study report says about how the study was done, against these "
+    f"criteria:\n" + '\n'.join(f"{cid}. {CHECKS[cid].name}: {CHECKS[cid].question}" for cid in CHECK_IDS) + "\n\n")
 
 def second_judge_prompt(p: EvidencePaper, applicable: Sequence[str]) -> str:
-    "An independently worded audit of the same checks (no claim): the second judge of Table 2."
-    checks = '\n'.join(f"{cid}. {CHECKS[cid].name}: {CHECKS[cid].question}" for cid in applicable)
-    return (f"Act as a statistical referee. Judge only what the text below reports about how the study was done.\n\n"
-            f"{p.title or ''}\n{_clip_words(p.text, ABSTRACT_WORDS)}\n\n"
-            f"Criteria:\n{checks}\n\nFor every criterion give Pass if the report satisfies it, Fail if it clearly "
-            f"does not, Uncertain if the report is silent. Output a JSON object mapping each criterion id to its grade.")
+    "An independently worded grading of the same checks (no claim): the second judge of Table 2; criteria first (shared)."
+    return (SECOND_JUDGE_INSTRUCTIONS + f"Report:\n{p.title or ''}\n{_clip_words(p.text, PAPER_WORDS)}\n\n"
+            f"Grade criteria {', '.join(applicable)}: Pass if the report satisfies it, Fail if it clearly does not, "
+            f"Uncertain if the report is silent. Output a JSON object mapping each of these criterion ids to its grade.")
 
 # %% ../../nbs/41_verirag_method.ipynb #2ec6000b
 def _cap(llm: LLM, n: int) -> int: return min(n, llm.defaults.max_tokens)
 
 MAX_REPAIRS = 1   # one follow-up request after an invalid answer (each repair resends the whole conversation)
 
-def _ask_json(llm: LLM, prompt: str, schema: type[BaseModel], **kw):
+def _ask_json(llm: LLM, prompt: str | list[dict], schema: type[BaseModel], **kw):
     "`chat_structured` with this pipeline's repair budget."
     return chat_structured(llm, prompt, schema, max_repairs=MAX_REPAIRS, **kw)
 
 @dataclass
-class AuditRecord:
+class PaperMethods:
+    "The claim-independent methods audit of one paper."
     paper_id: str
-    extraction: PaperExtraction | None
-    audit: PaperAudit | None
-    status: str                      # 'ok', 'extraction_unparseable', 'audit_unparseable'
+    status: str                                  # 'ok' or 'unparseable'
+    mask: dict[str, bool] | None = None          # check id -> applicable (graded other than NA)
+    verdicts: dict[str, str] | None = None       # applicable check id -> 'Pass' / 'Uncertain' / 'Fail'
     raw: list[str] = field(default_factory=list)
 
-def extract_paper(llm: LLM, p: EvidencePaper):
-    "Prompt 1A through the LLM layer: a `StructuredResult` holding a `PaperExtraction`."
-    return _ask_json(llm, extraction_prompt(p), PaperExtraction, max_tokens=_cap(llm, 96))
+def audit_methods(llm: LLM, p: EvidencePaper) -> PaperMethods:
+    "One paper's grades for the eleven checks in one call: the mask and the verdicts of the applicable checks."
+    r = _ask_json(llm, methods_audit_prompt(p), MethodsAudit, max_tokens=_cap(llm, 96))   # ~40 tokens; room for whitespace
+    if r.status != 'ok': return PaperMethods(p.paper_id, 'unparseable', raw=r.raw)
+    verdicts, mask = grades_to_audit(r.value.grades)
+    return PaperMethods(p.paper_id, 'ok', mask, verdicts, r.raw)
 
-def audit_paper(llm: LLM, case: ClaimCase, paper_id: str,
-                extraction=None, # the paper's `extract_paper` result; None: extract it now
-               ) -> AuditRecord:
-    "Extraction, applicability by rule, then the stance-and-checks audit of one paper for one claim."
-    p = case.papers[paper_id]
-    ex = extraction if extraction is not None else extract_paper(llm, p)
-    if ex.status != 'ok': return AuditRecord(paper_id, None, None, 'extraction_unparseable', ex.raw)
-    mask = applicable_checks(ex.value)
-    app = [c for c in CHECK_IDS if mask[c]]
-    r = _ask_json(llm, audit_prompt(case.claim, p, app, ex.value), audit_schema(app), max_tokens=_cap(llm, 24 + 8 * len(app)))
-    if r.status != 'ok': return AuditRecord(paper_id, ex.value, None, 'audit_unparseable', r.raw)
-    v = r.value.model_dump()
-    audit = PaperAudit(paper_id, v.pop('stance'), mask, v, evidence_chunks(p, case.claim))
-    return AuditRecord(paper_id, ex.value, audit, 'ok', r.raw)
-
+# %% ../../nbs/41_verirag_method.ipynb #f49b49e7
 def claim_features_of(llm: LLM, claim: str):
     "Prompt 1B through the LLM layer: a `StructuredResult` holding `ClaimFeatures`."
     return _ask_json(llm, features_prompt(claim), ClaimFeatures, max_tokens=_cap(llm, 160))
 
+# %% ../../nbs/41_verirag_method.ipynb #d853d968
+def paper_stances(llm: LLM, case: ClaimCase, paper_ids: Sequence[str], mode: AnswerMode,
+                 ) -> dict[str, ParsedAnswer]: # paper id -> stance ('Supports' / 'Refutes' / 'Neutral') or unparseable
+    "The stances of a claim's papers from one batch prompt: scored line by line, or one parsed JSON object."
+    if mode not in ANSWER_MODES: raise ValueError(f"answer mode must be one of {ANSWER_MODES}, got {mode!r}")
+    if mode == 'scored':
+        prompt, lines, out = stance_prompt(case, paper_ids, free_text=False), [], {}
+        for i, pid in enumerate(paper_ids):
+            a = llm.choose_option(prompt, {w: w for w in STANCE_WORDS}, prefix=''.join(f'{l}\n' for l in lines) + f'[{i + 1}]:')
+            lines.append(f'[{i + 1}]: {a.answer}')
+            out[pid] = a.model_copy(update=dict(answer=STANCE_WORDS[a.answer]))
+        return out
+    r = _ask_json(llm, stance_prompt(case, paper_ids, free_text=True), stance_schema(len(paper_ids)),
+                  max_tokens=_cap(llm, 8 + 8 * len(paper_ids)))
+    if r.status != 'ok': return {pid: ParsedAnswer(status='unparseable', raw=r.raw[-1]) for pid in paper_ids}
+    words = r.value.model_dump()
+    return {pid: ParsedAnswer(status='ok', answer=STANCE_WORDS[words[str(i + 1)]], raw=r.raw[-1]) for i, pid in enumerate(paper_ids)}
+
 # %% ../../nbs/41_verirag_method.ipynb #8375c74e
+STATEMENT_CHARS = 240   # one or two sentences; the cap (in the grammar) keeps a small model from rambling past max_tokens
+
 class CoTVerdict(BaseModel):
     model_config = ConfigDict(extra='forbid')
-    relevant_statements: str
+    relevant_statements: str = Field(max_length=STATEMENT_CHARS)
     verdict: Literal['Supports', 'Refutes', 'Neutral', 'Unverifiable']
+
+SUPPORT_LABELS = ('Fully Supported', 'Partially Supported', 'No Support', 'Contradicts')
 
 class PassageCritique(BaseModel):
     model_config = ConfigDict(extra='forbid')
-    passage_id: str
+    passage: str
     relevant: bool
-    support: Literal['Fully Supported', 'Partially Supported', 'No Support', 'Contradicts']
+    support: Literal[SUPPORT_LABELS]
 
-class SelfRAGCritiques(BaseModel):
-    model_config = ConfigDict(extra='forbid')
-    critiques: list[PassageCritique]
-
-def selfrag_schema(ids: Sequence[str]) -> type[SelfRAGCritiques]:
-    "`SelfRAGCritiques` for these passages: exactly one critique per id (the grammar stops a model repeating itself)."
-    item = create_model('PassageCritiqueOf', __base__=PassageCritique, passage_id=(Literal[tuple(ids)], ...))
-    return create_model('SelfRAGCritiquesOf', __base__=SelfRAGCritiques,
-                        critiques=(Annotated[list[item], Field(min_length=len(ids), max_length=len(ids))], ...))
+def selfrag_schema(n_passages: int) -> type[BaseModel]:
+    "Critiques of numbered passages: exactly one per passage number (the grammar stops a model repeating itself)."
+    item = create_model('PassageCritiqueOf', __base__=PassageCritique, passage=(Literal[tuple(str(i + 1) for i in range(n_passages))], ...))
+    return create_model(f'SelfRAGCritiques{n_passages}', __config__=ConfigDict(extra='forbid'),
+                        critiques=(Annotated[list[item], Field(min_length=n_passages, max_length=n_passages)], ...))
 
 class SynthesisVerdict(BaseModel):
     model_config = ConfigDict(extra='forbid')
     verdict: Literal['Valid', 'Invalid', 'Uncertain']
 
-class FlareAssessment(BaseModel):
-    model_config = ConfigDict(extra='forbid')
-    initial_verdict: Literal['Supports', 'Refutes', 'Neutral']
-    needs_full_review: bool
-    paper_id: str
+def flare_schema(n_papers: int) -> type[BaseModel]:
+    "FLARE's first answer: an initial verdict, whether it needs a full text, and which paper (a number that exists)."
+    return create_model(f'FlareAssessment{n_papers}', __config__=ConfigDict(extra='forbid'),
+                        initial_verdict=(Literal['Supports', 'Refutes', 'Neutral'], ...), needs_full_review=(bool, ...),
+                        paper=(Literal[tuple(str(i + 1) for i in range(n_papers))], ...))
 
 class FinalVerdict(BaseModel):
     model_config = ConfigDict(extra='forbid')
     verdict: Literal['Supports', 'Refutes', 'Neutral']
 
-JUSTIFICATION_CHARS = 240  # one sentence; unbounded, a small model rambles past the probe's token cap and the JSON is cut
+JUSTIFICATION_CHARS = 160  # one sentence; unbounded, a small model rambles past the probe's token cap and the JSON is cut
 
 class ProbeAnswer(BaseModel):
     model_config = ConfigDict(extra='forbid')
     answer: Literal['Yes', 'No', 'Unsure']
     justification: str = Field(max_length=JUSTIFICATION_CHARS)
 
-_EVIDENCE_ONLY = "Use only what the evidence states; do not add outside knowledge."
-
-def cot_prompt(claim: str, snippets: str) -> str:
-    return (f"Decide whether the evidence supports the claim, refutes it, or neither. {_EVIDENCE_ONLY}\n\n"
-            f"Claim: \"{claim}\"\n\nEvidence:\n{snippets}\n\nFirst list the statements in the evidence that bear on "
-            f"the claim (relevant_statements, one or two sentences), then give verdict: Supports, Refutes, Neutral, or "
-            f"Unverifiable if the evidence does not cover the claim's key points. Reply with a JSON object.")
-
-def selfrag_critique_prompt(claim: str, snippets: str) -> str:
-    return (f"Critique each evidence passage against the claim, judging only its explicit content.\n\n"
-            f"Claim: \"{claim}\"\n\nPassages:\n{snippets}\n\nFor every passage give passage_id (the id in brackets), "
-            f"relevant (true if it discusses the claim's topic directly) and support: Fully Supported (it states what "
-            f"the claim says), Partially Supported, No Support, or Contradicts. Reply with a JSON object with key critiques.")
+# scored mode: answer word -> label (every key is what the model's next word is compared on)
+VERDICT_WORDS = {'Supports': 'Supports', 'Refutes': 'Refutes', 'Neutral': 'Neutral', 'Unverifiable': 'Unverifiable'}
+SYNTHESIS_WORDS = {'Valid': 'Valid', 'Invalid': 'Invalid', 'Uncertain': 'Uncertain'}
+YES_NO = {'yes': 'yes', 'no': 'no'}
+PROBE_WORDS = {'Yes': 'Yes', 'No': 'No', 'Unsure': 'Unsure'}
+RATIONALE_TOKENS = 48   # COT-RAG's relevant statements, scored mode: one or two sentences
+CRITIQUE_TOKENS = 10    # Self-RAG, scored mode: one line per passage, e.g. '[2]: partial'
 
 # %% ../../nbs/41_verirag_method.ipynb #59001894
-def selfrag_synthesis_prompt(claim: str, snippets: str, critiques: SelfRAGCritiques) -> str:
-    return (f"Give a verdict on the claim from the evidence and your critiques of it. Ignore passages you marked as "
-            f"not relevant.\n\nClaim: \"{claim}\"\n\nPassages:\n{snippets}\n\nCritiques: {critiques.model_dump_json()}\n\n"
-            f"verdict is Valid if at least one relevant passage fully supports the claim and none contradicts it, "
-            f"Invalid if relevant passages contradict it, otherwise Uncertain. Reply with a JSON object.")
+_EVIDENCE_ONLY = "Use only what the evidence states; do not add outside knowledge."
 
-def flare_prompt(claim: str, standard: str, snippets: str, ids: Sequence[str]) -> str:
-    return (f"Assess the claim from the evidence snippets. {_EVIDENCE_ONLY} Decide whether the snippets meet the "
-            f"evidence standard \"{standard}\" or whether you need the full text of one paper.\n\nClaim: \"{claim}\"\n\n"
-            f"Snippets (papers {', '.join(ids)}):\n{snippets}\n\nReply with a JSON object: initial_verdict (Supports, "
-            f"Refutes or Neutral), needs_full_review (true or false) and paper_id (one of {', '.join(ids)}, exactly as "
-            f"written, the paper to read in full; any of them if no review is needed).")
+def cot_prompt(case: ClaimCase, ids: Sequence[str], free_text: bool) -> str:
+    ask = ("Reply with a JSON object: relevant_statements (one or two sentences), then verdict." if free_text else
+           "Write the relevant statements in one or two sentences, then 'Verdict:' and one word.")
+    return (evidence_header(case, ids) + f"Claim: \"{case.claim}\"\n\nDecide whether the evidence supports the claim, "
+            f"refutes it, or neither. {_EVIDENCE_ONLY} First name the statements in the evidence that bear on the claim, "
+            f"then give the verdict: Supports, Refutes, Neutral, or Unverifiable if the evidence does not cover the "
+            f"claim's key points. {ask}")
 
-def flare_final_prompt(claim: str, snippets: str, paper: EvidencePaper) -> str:
-    return (f"You first saw only snippets; here is also the full text of paper {paper.paper_id}. Using both, give a "
-            f"final verdict. {_EVIDENCE_ONLY}\n\nClaim: \"{claim}\"\n\nSnippets:\n{snippets}\n\nFull text of "
-            f"{paper.paper_id}: {paper.title} {_clip_words(paper.text, ABSTRACT_WORDS)}\n\nReply with a JSON object "
-            f"with key verdict: Supports, Refutes or Neutral.")
+def selfrag_critique_prompt(case: ClaimCase, ids: Sequence[str], free_text: bool) -> str:
+    labels = ("relevant (true if it discusses the claim's topic directly) and support: Fully Supported (it states "
+              "what the claim says), Partially Supported, No Support, or Contradicts. Reply with a JSON object with key "
+              "critiques, one per snippet number." if free_text else
+              "full (it states what the claim says), partial (it supports part of it), none (on topic, but neither "
+              "supports nor contradicts it), contradicts (it states the opposite) or irrelevant (not about the claim's "
+              "topic). One line per snippet, e.g. [1]: partial")
+    return (evidence_header(case, ids) + f"Claim: \"{case.claim}\"\n\nCritique each snippet against the claim, judging "
+            f"only its explicit content: {labels}")
 
-def probe_prompt(question: str, snippets: str) -> str:
-    return (f"Answer the question from the evidence snippets alone.\n\nQuestion: {question}\n\nEvidence:\n{snippets}\n\n"
-            f"Reply with a JSON object: answer (Yes, No or Unsure) and justification (one sentence citing the evidence).")
+def selfrag_synthesis_prompt(free_text: bool) -> str:
+    "The second Self-RAG turn (the critiques are the model's own previous answer)."
+    return ("Now give a verdict on the claim from the evidence and your critiques, ignoring snippets you found not "
+            "relevant: Valid if at least one relevant snippet fully supports the claim and none contradicts it, Invalid "
+            "if relevant snippets contradict it, otherwise Uncertain." + (" Reply with a JSON object with key verdict." if free_text else ''))
+
+def flare_prompt(case: ClaimCase, ids: Sequence[str], standard: str, free_text: bool) -> str:
+    ask = ("Reply with a JSON object: initial_verdict (Supports, Refutes or Neutral), needs_full_review (true or false) "
+           "and paper (the number of the paper to read in full; any number if no review is needed)." if free_text else
+           "Answer in three lines: 'Initial verdict:', 'Need the full text of one paper:' (yes or no), 'Paper number:'.")
+    return (evidence_header(case, ids) + f"Claim: \"{case.claim}\"\nSuggested evaluation standard: {standard}\n\n"
+            f"Assess the claim from the snippets. {_EVIDENCE_ONLY} Give an initial verdict (Supports, Refutes or Neutral), "
+            f"then decide whether the snippets meet the standard or whether you need the full text of one paper. {ask}")
+
+def flare_final_prompt(paper: EvidencePaper, number: str, free_text: bool) -> str:
+    "The second FLARE turn: the full text (title and abstract) of the paper it asked for."
+    return (f"Full text of paper {number}: {paper.title} {_clip_words(paper.text, PAPER_WORDS)}\n\nUsing both the "
+            f"snippets and this full text, give your final verdict: Supports, Refutes or Neutral. {_EVIDENCE_ONLY}"
+            + (" Reply with a JSON object with key verdict." if free_text else ''))
+
+def probe_prompt(case: ClaimCase, ids: Sequence[str], question: str, free_text: bool) -> str:
+    ask = ("Reply with a JSON object: answer (Yes, No or Unsure) and justification (one sentence citing the evidence)."
+           if free_text else "Answer Yes, No or Unsure.")
+    return evidence_header(case, ids) + f"Question: {question}\n\nAnswer the question from the evidence snippets alone. {ask}"
 
 # %% ../../nbs/41_verirag_method.ipynb #0d1f276b
 def dempster(m1: tuple[float, float, float], m2: tuple[float, float, float]) -> tuple[float, float, float]:
@@ -810,75 +865,154 @@ def fuse_stances(stances: Sequence[str]) -> tuple[float, float, float]:
     return m
 
 # %% ../../nbs/41_verirag_method.ipynb #36154394
-BASELINES = ('CoT-RAG', 'Self-RAG', 'FLARE', 'CIBER')
+BASELINES = ('COT-RAG', 'Self-RAG', 'FLARE', 'CIBER')   # the paper's names (Table 3)
 PROBE_STANCE = {'agree_probe': {'Yes': 'Supports', 'No': 'Refutes', 'Unsure': 'Neutral'},
                 'paraphrase_probe': {'Yes': 'Supports', 'No': 'Refutes', 'Unsure': 'Neutral'},
                 'conflict_probe': {'Yes': 'Refutes', 'No': 'Supports', 'Unsure': 'Neutral'}}
 
 @dataclass
 class BaselineRun:
-    verdict: str                     # 'Valid', 'Invalid' or 'unparseable'
+    verdict: str                          # 'Valid', 'Invalid' or 'unparseable'
+    confidence: float | None = None       # scored: the final label's probability among its options
+    logprobs: dict | None = None          # scored: log-probability of each option of the final step
+    raw: str = ''                         # generated text (rationale, critique lines, JSON)
     detail: dict = field(default_factory=dict)
 
+def _unparseable(step: str, raw: list[str] | None = None) -> BaselineRun:
+    return BaselineRun('unparseable', raw=(raw or [''])[-1], detail=dict(step=step))
+
+def _decided(valid: bool, answer: ParsedAnswer | None = None, raw: str = '', **detail) -> BaselineRun:
+    a = answer or ParsedAnswer(status='ok')
+    return BaselineRun('Valid' if valid else 'Invalid', a.confidence, a.logprobs, raw, detail)
+
+# %% ../../nbs/41_verirag_method.ipynb #8801a093
+def run_cot(llm: LLM, case: ClaimCase, ids: Sequence[str], mode: AnswerMode) -> BaselineRun:
+    "COT-RAG: relevant statements, then a verdict (Valid iff Supports)."
+    prompt = cot_prompt(case, ids, free_text=mode == 'free_text')
+    if mode == 'free_text':
+        r = _ask_json(llm, prompt, CoTVerdict, max_tokens=_cap(llm, 160))
+        if r.status != 'ok': return _unparseable('cot', r.raw)
+        return _decided(r.value.verdict == 'Supports', raw=r.raw[-1], label=r.value.verdict)
+    rationale = llm.chat(prompt, max_tokens=_cap(llm, RATIONALE_TOKENS), stop=['Verdict', 'verdict:']).text.strip()
+    v = llm.choose_option(prompt, VERDICT_WORDS, prefix=f'{rationale}\nVerdict:')
+    return _decided(v.answer == 'Supports', v, rationale, label=v.answer)
+
+# %% ../../nbs/41_verirag_method.ipynb #cb0f9c4c
+def run_ciber(llm: LLM, case: ClaimCase, ids: Sequence[str], features: ClaimFeatures | None, mode: AnswerMode) -> BaselineRun:
+    "CIBER: the COT-RAG verdict plus three probe answers, fused with Dempster's rule."
+    cot = run_cot(llm, case, ids, mode)   # the paper repeats the CoT call; ours is served from the cache
+    if cot.verdict == 'unparseable': return _unparseable('cot')
+    if features is None: return _unparseable('features')
+    stances = [cot.detail['label'] if cot.detail['label'] in ('Supports', 'Refutes') else 'Neutral']
+    answers = {}
+    for probe, to_stance in PROBE_STANCE.items():
+        prompt = probe_prompt(case, ids, getattr(features, probe), free_text=mode == 'free_text')
+        if mode == 'free_text':
+            r = _ask_json(llm, prompt, ProbeAnswer, max_tokens=_cap(llm, 96))
+            if r.status != 'ok': return _unparseable(probe, r.raw)
+            answers[probe] = r.value.answer
+        else:
+            a = llm.choose_option(prompt, PROBE_WORDS, prefix='Answer:')
+            answers[probe] = a.answer
+        stances.append(to_stance[answers[probe]])
+    m_s, m_r, _ = fuse_stances(stances)
+    return BaselineRun('Valid' if m_s > m_r and m_s >= 0.5 else 'Invalid', m_s, None, cot.raw,
+                       dict(stances=stances, answers=answers, m_s=m_s, m_r=m_r))
+
+# %% ../../nbs/41_verirag_method.ipynb #4aaf525d
+def run_selfrag(llm: LLM, case: ClaimCase, ids: Sequence[str], mode: AnswerMode) -> BaselineRun:
+    "Self-RAG: a critique per passage, then (second turn) a verdict from the critiques (Valid iff Valid)."
+    first = selfrag_critique_prompt(case, ids, free_text=mode == 'free_text')
+    if mode == 'free_text':
+        crit = _ask_json(llm, first, selfrag_schema(len(ids)), max_tokens=_cap(llm, 16 + 24 * len(ids)))
+        if crit.status != 'ok': return _unparseable('critique', crit.raw)
+        history = [{'role': 'user', 'content': first}, {'role': 'assistant', 'content': crit.raw[-1]},
+                   {'role': 'user', 'content': selfrag_synthesis_prompt(free_text=True)}]
+        syn = _ask_json(llm, history, SynthesisVerdict, max_tokens=_cap(llm, 24))
+        if syn.status != 'ok': return _unparseable('synthesis', syn.raw)
+        return _decided(syn.value.verdict == 'Valid', raw=crit.raw[-1], label=syn.value.verdict)
+    # the critique lines are the context of the second turn, not labels anyone reads: written freely, never parsed
+    critiques = llm.chat(first, max_tokens=_cap(llm, CRITIQUE_TOKENS * len(ids))).text.strip()
+    history = [{'role': 'user', 'content': first}, {'role': 'assistant', 'content': critiques},
+               {'role': 'user', 'content': selfrag_synthesis_prompt(free_text=False)}]
+    v = llm.choose_option(history, SYNTHESIS_WORDS, prefix='Verdict:')
+    return _decided(v.answer == 'Valid', v, critiques, label=v.answer)
+
+# %% ../../nbs/41_verirag_method.ipynb #76506b91
+def run_flare(llm: LLM, case: ClaimCase, ids: Sequence[str], features: ClaimFeatures | None, mode: AnswerMode) -> BaselineRun:
+    "FLARE: an initial verdict on snippets; if it asks, a final verdict with one paper's full text (Valid iff Supports)."
+    if features is None: return _unparseable('features')
+    first = flare_prompt(case, ids, features.required_standard, free_text=mode == 'free_text')
+    verdicts = {k: v for k, v in VERDICT_WORDS.items() if k != 'Unverifiable'}
+    if mode == 'free_text':
+        a = _ask_json(llm, first, flare_schema(len(ids)), max_tokens=_cap(llm, 48))
+        if a.status != 'ok': return _unparseable('assessment', a.raw)
+        if not a.value.needs_full_review: return _decided(a.value.initial_verdict == 'Supports', raw=a.raw[-1], label=a.value.initial_verdict, review=None)
+        number, said = a.value.paper, a.raw[-1]
+    else:
+        init = llm.choose_option(first, verdicts, prefix='Initial verdict:')
+        said = f'Initial verdict: {init.answer}\nNeed the full text of one paper:'
+        need = llm.choose_option(first, YES_NO, prefix=said)
+        if need.answer == 'no': return _decided(init.answer == 'Supports', init, f'{said} no', label=init.answer, review=None)
+        if len(ids) == 1: number = '1'   # one paper: nothing to choose
+        else: number = llm.choose_option(first, {str(i + 1): p for i, p in enumerate(ids)}, prefix=f'{said} yes\nPaper number:').answer
+        said = f'{said} yes\nPaper number: {number}'
+    history = [{'role': 'user', 'content': first}, {'role': 'assistant', 'content': said},
+               {'role': 'user', 'content': flare_final_prompt(case.papers[ids[int(number) - 1]], number, free_text=mode == 'free_text')}]
+    if mode == 'free_text':
+        f = _ask_json(llm, history, FinalVerdict, max_tokens=_cap(llm, 24))
+        if f.status != 'ok': return _unparseable('final', f.raw)
+        return _decided(f.value.verdict == 'Supports', raw=said, label=f.value.verdict, review=ids[int(number) - 1])
+    fin = llm.choose_option(history, verdicts, prefix='Final verdict:')
+    return _decided(fin.answer == 'Supports', fin, said, label=fin.answer, review=ids[int(number) - 1])
+
+# %% ../../nbs/41_verirag_method.ipynb #597d3a29
 def run_baseline(llm: LLM, method: str, case: ClaimCase, scenario: str,
                  features: ClaimFeatures | None, # needed by FLARE (standard) and CIBER (probes); None: unparseable
-                ) -> BaselineRun:
+                 mode: AnswerMode = 'scored') -> BaselineRun:
     "One baseline's verdict on one claim in one scenario."
     if method not in BASELINES: raise ValueError(f"unknown baseline {method!r}; choose from {BASELINES}")
+    if mode not in ANSWER_MODES: raise ValueError(f"answer mode must be one of {ANSWER_MODES}, got {mode!r}")
     ids = case.scenarios[scenario]
-    snip, claim, cap = snippet_block(case, ids), case.claim, _cap(llm, 160)
-    if method == 'CoT-RAG' or method == 'CIBER':
-        cot = _ask_json(llm, cot_prompt(claim, snip), CoTVerdict, max_tokens=cap)
-        if cot.status != 'ok': return BaselineRun('unparseable', dict(step='cot'))
-        if method == 'CoT-RAG': return BaselineRun('Valid' if cot.value.verdict == 'Supports' else 'Invalid', dict(verdict=cot.value.verdict))
-        if features is None: return BaselineRun('unparseable', dict(step='features'))
-        stances = [cot.value.verdict if cot.value.verdict in ('Supports', 'Refutes') else 'Neutral']
-        for probe, to_stance in PROBE_STANCE.items():
-            a = _ask_json(llm, probe_prompt(getattr(features, probe), snip), ProbeAnswer, max_tokens=_cap(llm, 96))
-            if a.status != 'ok': return BaselineRun('unparseable', dict(step=probe))
-            stances.append(to_stance[a.value.answer])
-        m_s, m_r, _ = fuse_stances(stances)
-        return BaselineRun('Valid' if m_s > m_r and m_s >= 0.5 else 'Invalid', dict(stances=stances, m_s=m_s, m_r=m_r))
-    if method == 'Self-RAG':
-        crit = _ask_json(llm, selfrag_critique_prompt(claim, snip), selfrag_schema(ids), max_tokens=_cap(llm, 40 + 35 * len(ids)))
-        if crit.status != 'ok': return BaselineRun('unparseable', dict(step='critique'))
-        syn = _ask_json(llm, selfrag_synthesis_prompt(claim, snip, crit.value), SynthesisVerdict, max_tokens=_cap(llm, 24))
-        if syn.status != 'ok': return BaselineRun('unparseable', dict(step='synthesis'))
-        return BaselineRun('Valid' if syn.value.verdict == 'Valid' else 'Invalid', dict(verdict=syn.value.verdict))
-    # FLARE
-    if features is None: return BaselineRun('unparseable', dict(step='features'))
-    a = _ask_json(llm, flare_prompt(claim, features.required_standard, snip, ids), FlareAssessment, max_tokens=_cap(llm, 48))
-    if a.status != 'ok': return BaselineRun('unparseable', dict(step='assessment'))
-    final, detail = a.value.initial_verdict, dict(review=None)
-    if a.value.needs_full_review:
-        if a.value.paper_id in ids:
-            f = _ask_json(llm, flare_final_prompt(claim, snip, case.papers[a.value.paper_id]), FinalVerdict, max_tokens=_cap(llm, 24))
-            if f.status != 'ok': return BaselineRun('unparseable', dict(step='final'))
-            final, detail = f.value.verdict, dict(review=a.value.paper_id)
-        else: detail = dict(review='unknown id')
-    return BaselineRun('Valid' if final == 'Supports' else 'Invalid', detail | dict(verdict=final))
+    if method == 'COT-RAG': return run_cot(llm, case, ids, mode)
+    if method == 'CIBER': return run_ciber(llm, case, ids, features, mode)
+    if method == 'Self-RAG': return run_selfrag(llm, case, ids, mode)
+    return run_flare(llm, case, ids, features, mode)
 
 # %% ../../nbs/41_verirag_method.ipynb #f8350a7f
+@dataclass
+class AuditRecord:
+    paper_id: str
+    status: str                      # 'ok', 'methods_unparseable' or 'stance_unparseable'
+    audit: PaperAudit | None         # what the HV score reads; None: the paper carries no weight
+    stance: ParsedAnswer
+
 @dataclass
 class CaseAudit:
     case: ClaimCase
     features: ClaimFeatures | None           # None: the features answer stayed invalid
     records: dict[str, AuditRecord]          # paper id -> its audit for this claim
+    mode: str = 'scored'
 
-def audit_case(llm: LLM, case: ClaimCase, tag: str = 'VERIRAG',
-               scenarios: Sequence[str] = SCENARIOS, # the scenarios whose papers are audited
-              ) -> CaseAudit:
-    "Claim features, paper extractions and per-paper audits of one claim, with per-scenario token accounting."
-    papers = list(dict.fromkeys(p for s in scenarios for p in case.scenarios[s]))
-    with LEDGER.experiment(f'{tag}/prep'):
+# %% ../../nbs/41_verirag_method.ipynb #7591cb9d
+def audit_claim(llm: LLM, case: ClaimCase,
+                paper_ids: Sequence[str], # the papers to judge (the union of the run's scenarios), in evidence order
+                methods: Mapping[str, PaperMethods], # paper id -> its methods audit (`audit_methods`)
+                mode: AnswerMode = 'scored') -> CaseAudit:
+    "Claim features and the batch stances of `paper_ids`, joined with the papers' methods audits."
+    with LEDGER.experiment(f'claim features/{case.split}/{case.claim_set}/{mode}'):
         feats = claim_features_of(llm, case.claim)
-        extractions = {p: extract_paper(llm, case.papers[p]) for p in papers}
+    with LEDGER.experiment(f'VERIRAG stances/{case.split}/{case.claim_set}/{mode}'):
+        stances = paper_stances(llm, case, paper_ids, mode)
     records = {}
-    for s in scenarios:
-        with LEDGER.experiment(f'{tag}/{s}'):
-            for p in case.scenarios[s]: records[p] = audit_paper(llm, case, p, extractions[p])
-    return CaseAudit(case, feats.value if feats.status == 'ok' else None, records)
+    for pid in paper_ids:
+        m, s = methods[pid], stances[pid]
+        status = 'methods_unparseable' if m.status != 'ok' else 'stance_unparseable' if s.status != 'ok' else 'ok'
+        audit = PaperAudit(pid, s.answer, m.mask, m.verdicts, evidence_chunks(case.papers[pid], case.claim)) if status == 'ok' else None
+        records[pid] = AuditRecord(pid, status, audit, s)
+    return CaseAudit(case, feats.value if feats.status == 'ok' else None, records, mode)
 
+# %% ../../nbs/41_verirag_method.ipynb #0f8def42
 def audit_status(audits: Sequence[CaseAudit]) -> dict[str, int]:
     "How many claims lack features and how many (claim, paper) audits ended in each status."
     out = {'claims': len(audits), 'features_unparseable': sum(a.features is None for a in audits)}
@@ -929,20 +1063,97 @@ def predicted_valid(verdicts: Sequence[str], truth: Sequence[bool]) -> list[bool
     return [(not t) if v == 'unparseable' else v == 'Valid' for v, t in zip(verdicts, truth)]
 
 # %% ../../nbs/41_verirag_method.ipynb #fc835a4a
-def second_judge(llm: LLM, audits: Sequence[CaseAudit], tag: str = 'judge-B') -> tuple[pd.DataFrame, pd.DataFrame, int]:
+def second_judge(llm: LLM, methods: Mapping[str, PaperMethods], # paper id -> judge A's methods audit
+                 papers: Mapping[str, EvidencePaper], # paper id -> the paper (its text)
+                 tag: str = 'judge B') -> tuple[pd.DataFrame, pd.DataFrame, int]:
     "Verdict frames (paper_id, check, verdict) of judge A (the audit) and judge B, and B's unparseable count."
-    a_rows, b_rows, bad, seen = [], [], 0, set()
+    a_rows, b_rows, bad = [], [], 0
     with LEDGER.experiment(tag):
-        for ca in audits:
-            for pid, rec in ca.records.items():
-                if rec.audit is None or pid in seen: continue
-                seen.add(pid)
-                app = [c for c in CHECK_IDS if rec.audit.mask[c]]
-                if not app: continue
-                r = _ask_json(llm, second_judge_prompt(ca.case.papers[pid], app), audit_schema(app, with_stance=False),
-                                    max_tokens=_cap(llm, 8 + 8 * len(app)))
-                if r.status != 'ok': bad += 1; continue
-                a_rows += [dict(paper_id=pid, check=c, verdict=rec.audit.verdicts[c]) for c in app]
-                b_rows += [dict(paper_id=pid, check=c, verdict=v) for c, v in r.value.model_dump().items()]
+        for pid in track(list(methods), f'{tag}: re-grading the applicable checks'):
+            m = methods[pid]
+            app = [c for c in CHECK_IDS if m.status == 'ok' and m.mask[c]]
+            if not app: continue
+            r = _ask_json(llm, second_judge_prompt(papers[pid], app), audit_schema(app), max_tokens=_cap(llm, 8 + 7 * len(app)))
+            if r.status != 'ok': bad += 1; continue
+            a_rows += [dict(paper_id=pid, check=c, verdict=m.verdicts[c]) for c in app]
+            b_rows += [dict(paper_id=pid, check=c, verdict=v) for c, v in r.value.model_dump().items()]
     cols = ['paper_id', 'check', 'verdict']
     return pd.DataFrame(a_rows, columns=cols), pd.DataFrame(b_rows, columns=cols), bad
+
+# %% ../../nbs/41_verirag_method.ipynb #41d10ef0
+def outcome_codes(y_true: Sequence[bool], # ground truth, True = Valid
+                  y_pred: Sequence[bool], # predictions, True = Valid
+                 ) -> np.ndarray: # per claim: 0 TN, 1 FP, 2 FN, 3 TP
+    "Each claim's outcome as one code, the unit the bootstraps resample."
+    yt, yp = np.asarray(y_true, bool), np.asarray(y_pred, bool)
+    if yt.shape != yp.shape: raise ValueError(f"{yt.size} labels but {yp.size} predictions")
+    return 2 * yt.astype(int) + yp.astype(int)
+
+def _counts(codes) -> tuple[int, int, int, int]:
+    tn, fp, fn, tp = np.bincount(np.asarray(codes, int), minlength=4)[:4]
+    return int(tp), int(fp), int(fn), int(tn)
+
+def _macro_f1_codes(codes) -> float:
+    "Macro-F1 over {Valid, Invalid} (a class with no true or predicted claim has F1 0, as scikit-learn's zero_division=0)."
+    tp, fp, fn, tn = _counts(codes)
+    f1 = lambda a, b, c: 2 * a / (2 * a + b + c) if 2 * a + b + c else 0.0
+    return (f1(tp, fp, fn) + f1(tn, fn, fp)) / 2
+
+def _mcc_codes(codes) -> float:
+    "Matthews correlation, Valid positive (0 when a margin is empty, as scikit-learn)."
+    tp, fp, fn, tn = _counts(codes)
+    den = math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+    return (tp * tn - fp * fn) / den if den else 0.0
+
+# %% ../../nbs/41_verirag_method.ipynb #8894a70d
+def classification_summary(y_true: Sequence[bool], y_pred: Sequence[bool], # truth and predictions (True = Valid)
+                           seed: int = 42, n_boot: int = 2000,
+                          ) -> dict: # accuracy (%), macro_f1, mcc, each with _lo/_hi; tp, fp, fn, tn, n, predicted_valid_rate
+    "Accuracy, macro-F1 and MCC with 95% bootstrap intervals over claims (the same resamples for all three)."
+    c = outcome_codes(y_true, y_pred)
+    if c.size == 0: raise ValueError("no claims to summarise")
+    correct = ((c == 0) | (c == 3)).astype(float)
+    acc_lo, acc_hi = bootstrap_ci(correct, n_boot=n_boot, seed=seed)
+    f1_lo, f1_hi = bootstrap_ci(c, stat=_macro_f1_codes, n_boot=n_boot, seed=seed)
+    mcc_lo, mcc_hi = bootstrap_ci(c, stat=_mcc_codes, n_boot=n_boot, seed=seed)
+    tp, fp, fn, tn = _counts(c)
+    return dict(accuracy=100 * correct.mean(), accuracy_lo=100 * acc_lo, accuracy_hi=100 * acc_hi,
+                macro_f1=_macro_f1_codes(c), macro_f1_lo=f1_lo, macro_f1_hi=f1_hi, mcc=_mcc_codes(c), mcc_lo=mcc_lo, mcc_hi=mcc_hi,
+                tp=tp, fp=fp, fn=fn, tn=tn, n=int(c.size), predicted_valid_rate=(tp + fp) / c.size)
+
+# %% ../../nbs/41_verirag_method.ipynb #84c28151
+def paired_f1_difference(y_true: Sequence[bool], method: Sequence[bool], baseline: Sequence[bool], # paired predictions
+                         seed: int = 42, n_boot: int = 2000,
+                        ) -> dict: # diff, lo, hi (macro-F1 points on the 0-1 scale), p, verdict
+    "Macro-F1 of `method` minus `baseline` on the same claims: paired bootstrap interval, p-value and verdict."
+    a, b = outcome_codes(y_true, method), outcome_codes(y_true, baseline)
+    pb = paired_bootstrap(a, b, stat=_macro_f1_codes, n_boot=n_boot, seed=seed)
+    return pb | dict(verdict=interval_verdict(pb['lo'], pb['hi']))
+
+# %% ../../nbs/41_verirag_method.ipynb #4504d588
+def check_pass_rates(methods: Mapping[str, PaperMethods], # paper id -> its methods audit
+                    ) -> pd.DataFrame: # per check: applicable papers, share of audited papers, Pass / Uncertain / Fail %
+    "How often each Veritable check applied and how it was graded, over the distinct audited papers."
+    ok = [m for m in methods.values() if m.status == 'ok']
+    rows = []
+    for cid in CHECK_IDS:
+        grades = [m.verdicts[cid] for m in ok if m.mask[cid]]
+        shares = {f'{v} %': 100 * grades.count(v) / len(grades) if grades else float('nan') for v in VERDICT_SCORE}
+        rows.append(dict(check=cid, name=CHECKS[cid].name, applicable=len(grades),
+                         applicable_pct=100 * len(grades) / len(ok) if ok else float('nan'), **shares))
+    return pd.DataFrame(rows)
+
+# %% ../../nbs/41_verirag_method.ipynb #6be4ccf4
+def stance_confusion(audits: Sequence[CaseAudit], # the claims' audits
+                     paper_ids: Mapping[str, Sequence[str]] | None = None, # claim id -> papers to count (default: all judged)
+                    ) -> pd.DataFrame: # rows: annotated role, columns: predicted stance (counts)
+    "Predicted stance of each (claim, paper) against the paper's annotation: gold Supports / gold Refutes / topical."
+    rows = []
+    for a in audits:
+        for pid in (paper_ids[a.case.claim_id] if paper_ids else a.records):
+            p, r = a.case.papers[pid], a.records[pid]
+            rows.append(dict(annotation=f'gold {p.gold_stance}' if p.role == 'gold' else 'topical (no annotation)',
+                             predicted=r.stance.answer if r.stance.status == 'ok' else 'unparseable'))
+    cols = [*STANCE_SIGN, 'unparseable']
+    df = pd.DataFrame(rows, columns=['annotation', 'predicted'])
+    return pd.crosstab(df.annotation, df.predicted).reindex(columns=cols, fill_value=0)
