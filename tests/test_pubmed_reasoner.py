@@ -5,7 +5,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 import re
 from rag_lab.eutils import FIELD_TAGS, LocalEutilsServer, LocalPubMed, PubMedClient, PubMedError, PubMedQueryError, QuerySyntaxError, UnsupportedFieldError, normalize_query, parse_query, render_query, scope_query, mesh_terms
-from rag_lab.papers.pubmed_reasoner import AgentConfig, Question, ScriptedLLM, audit_citations, pubmed_reasoner
+from dataclasses import replace
+import numpy as np
+from rag_lab.papers.pubmed_reasoner import (AgentConfig, Question, ScriptedLLM, audit_citations, closed_book, gold_rank, justification,
+                                            no_reflection, plain_rag, pubmed_reasoner, question_query, ratio_ci, read_final_answer)
+from rag_lab.text import tokenize
 from rag_lab.text import Corpus, Document
 
 @pytest.fixture(scope='module')
@@ -194,85 +198,227 @@ def test_normalize_is_valid_and_idempotent(atoms):
 
 def _judged(p):
     "The terms a critique prompt asks about."
-    return re.search(r'Judge each query term: (.*?)\. coverage:', p)[1].split(', ')
+    return re.search(r'in this order: (.*?)\.\n', p)[1].split(' | ')
+
+def _lists(triples):
+    "A critique reply's three positional Yes/No lists from (coverage, alignment, redundant) per term."
+    return {k: [t[i] for t in triples] for i, k in enumerate(('coverage', 'alignment', 'redundant'))}
+
+PQ = {'A': 'yes', 'B': 'no', 'C': 'maybe'}
 
 def _agent_script(state, cite='[PMID: 101]'):
     """Critic judging the query's real terms, whose covered share grows each round (0, 1/2, 1) and which always calls
-    some term redundant, so only the budget stops it; refinements are always new."""
+    some term redundant, so only the budget stops it; every revision is new."""
     def reply(p):
-        if 'List up to 8 MeSH' in p: return json.dumps({'candidates': [{'term': 'Asthma', 'rationale': 'r'}]})
         if 'Judge each query term' in p:
             state['round'] += 1
             k = state['round']
-            return json.dumps({'terms': [{'term': t, 'coverage': 'Yes' if i < k - 1 else 'No', 'alignment': 'Yes',
-                                          'redundant': 'Yes', 'rationale': 'r'} for i, t in enumerate(_judged(p))]})
-        if 'Revise the MeSH terms' in p:
-            state['refine'] += 1
-            # an OR-group with Asthma: every refinement is new and still has hits (a zero-hit query is never 'covered')
-            return json.dumps({'concepts': [['Asthma', ['Leukotrienes', 'Child', 'Adolescent', 'Steroids'][state['refine'] % 4]]]})
-        if 'Select the candidates' in p: return json.dumps({'concepts': [['Asthma']]})
+            # an OR-group with Asthma: every revision is new and still has hits (a zero-hit query is never 'covered')
+            return json.dumps(_lists([('Yes' if i < k - 1 else 'No', 'Yes', 'Yes') for i, t in enumerate(_judged(p))])
+                              | {'concepts': [['Asthma', ['Leukotrienes', 'Child', 'Adolescent', 'Steroids'][k % 4]]]})
+        if 'Propose MeSH headings' in p: return json.dumps({'concepts': [['Asthma']]})
         if 'plausibly relevant' in p: return json.dumps({'keep': ['101', '102']})
-        if 'copy or paraphrase' in p: return json.dumps({'items': [{'pmid': '101', 'evidence': 'e', 'aligned': 'Yes'}]})
-        if 'cover the main aspects' in p: return json.dumps({'sufficient': 'No', 'rationale': 'r'})
-        if 'Summarise, article by article' in p: return json.dumps({'summary': 's [PMID: 101]'})
-        return json.dumps({'answer': 'yes', 'rationale': f'yes, leukotrienes matter in asthma {cite}'})
+        if 'directly addresses the question' in p: return json.dumps({'items': [{'pmid': '101', 'evidence': 'e', 'aligned': 'Yes'}], 'sufficient': 'No'})
+        return f'yes, leukotrienes matter in asthma {cite}\nFINAL ANSWER: A'
     return reply
 
-QUESTION = Question('q', 'Do leukotrienes matter in asthma?', {k: k for k in ('yes', 'no', 'maybe')}, 'yes', 'Answer.', max_year=2020)
+QUESTION = Question('q', 'Do leukotrienes matter in asthma?', dict(PQ), 'A', max_year=2020)
+LEAN_CFG = dict(mesh_candidates=False, evidence_summary=False)
 
 @pytest.mark.parametrize('budget', [1, 2, 3])
 def test_critic_loop_hits_its_budget(client, budget):
-    state = dict(round=0, refine=0)
-    r = pubmed_reasoner(ScriptedLLM(_agent_script(state)), client, QUESTION, AgentConfig(critic_iters=budget))
+    state = dict(round=0)
+    r = pubmed_reasoner(ScriptedLLM(_agent_script(state)), client, QUESTION, AgentConfig(critic_iters=budget, **LEAN_CFG))
     assert r.stop_reason == 'budget'
-    assert r.calls.made['critique'] == budget and r.calls.made.get('refine', 0) == budget - 1
-    assert len(r.queries) == budget and len(set(r.queries)) == budget
+    assert r.calls.made['critique'] == budget and 'refine' not in r.calls.made   # verdicts and revision in one call
+    assert len(r.queries) == budget + 1 and len(set(r.queries)) == budget + 1      # every round adopted a new revision
     assert r.searches == budget + 1                                # one per critic round + the final retrieval
     assert [t['covered_aligned'] for t in r.trace if 'round' in t] == [0, 0.5, 1.0][:budget]
-    assert r.final_query == r.queries[-1]                          # every round improved: the last query is q*
+    assert r.final_query == r.queries[-1]                          # at the budget the last revision is q* (official code)
 
 def _critic(verdicts):
-    """Agent script with a two-term first query (Asthma AND Leukotrienes), a new refinement (Asthma OR Child), and a
-    critic answering `verdicts(round, terms)` -> [(term, coverage, alignment)]."""
+    """Agent script with a two-term first query (Asthma AND Leukotrienes), a new revision (Asthma OR Child), and a
+    critic answering `verdicts(round, terms)` -> [(coverage, alignment)], one per term it judges, in order."""
     state = dict(round=0)
     def reply(p):
         if 'Judge each query term' in p:
             state['round'] += 1
-            return json.dumps({'terms': [{'term': t, 'coverage': c, 'alignment': a, 'redundant': 'No', 'rationale': 'r'}
-                                         for t, c, a in verdicts(state['round'], _judged(p))]})
-        if 'Select the candidates' in p: return json.dumps({'concepts': [['Asthma'], ['Leukotrienes']]})
-        if 'Revise the MeSH terms' in p: return json.dumps({'concepts': [['Asthma', 'Child']]})
-        return _agent_script(dict(round=0, refine=0))(p)
+            return json.dumps(_lists([(c, a, 'No') for c, a in verdicts(state['round'], _judged(p))]) | {'concepts': [['Asthma', 'Child']]})
+        if 'Propose MeSH headings' in p: return json.dumps({'concepts': [['Asthma'], ['Leukotrienes']]})
+        return _agent_script(dict(round=0))(p)
     return reply
 
 FIRST, REFINED = '"Asthma"[mesh] AND "Leukotrienes"[mesh]', '"Asthma"[mesh] OR "Child"[mesh]'
 
 def test_regression_keeps_the_best_query(client):
     # round 1: one of two terms covered and aligned (1/2); round 2: none (0) -> stop, and q* is round 1's query
-    crit = lambda k, terms: [(t, 'Yes', 'Yes' if k == 1 and i == 0 else 'No') for i, t in enumerate(terms)]
-    r = pubmed_reasoner(ScriptedLLM(_critic(crit)), client, QUESTION, AgentConfig(critic_iters=3))
+    crit = lambda k, terms: [('Yes', 'Yes' if k == 1 and i == 0 else 'No') for i, t in enumerate(terms)]
+    r = pubmed_reasoner(ScriptedLLM(_critic(crit)), client, QUESTION, AgentConfig(critic_iters=3, **LEAN_CFG))
     assert r.stop_reason == 'no gain in coverage/alignment'
     assert [t['covered_aligned'] for t in r.trace if 'round' in t] == [0.5, 0.0]
     assert r.queries == [FIRST, REFINED, FIRST] and r.final_query == FIRST   # re-issued for Stage 2
     assert r.searches == 3 and [t['retrieved'] for t in r.trace if t.get('stage') == 2] == [1]   # Stage 2 read q*'s one record
 
-def test_critique_omitting_terms_does_not_end_the_search(client):
-    # the critic answers only for the first query term, all Yes: the omitted term counts as No, so the search goes on
-    r = pubmed_reasoner(ScriptedLLM(_critic(lambda k, terms: [(terms[0], 'Yes', 'Yes')])), client, QUESTION, AgentConfig(critic_iters=3))
+def test_critique_omitting_terms_does_not_end_the_round(client):
+    # the critic answers only for the first query term, all Yes: the omitted term counts as No, so round 1 revises
+    r = pubmed_reasoner(ScriptedLLM(_critic(lambda k, terms: [('Yes', 'Yes')])), client, QUESTION, AgentConfig(critic_iters=3, **LEAN_CFG))
     first = [t for t in r.trace if 'round' in t][0]
     assert (first['covered_aligned'], first['unjudged']) == (0.5, 1)
-    assert r.stop_reason != 'all signals positive' and r.calls.made['refine'] == 1
+    assert r.queries[1] == REFINED                              # round 1 revised the query instead of accepting it
+
+@pytest.mark.parametrize('revision', [[['term', 'synonym']], [['<MeSH heading>'], ['...']], [['Term'], ['synonyms']], []])
+def test_a_copied_format_placeholder_never_becomes_the_search(client, revision):
+    # the 1.5B often copies the format's placeholders; a revision made only of them is unusable and q* stays the best query
+    reply = lambda p: (json.dumps(_lists([('Yes', 'No', 'No'), ('Yes', 'No', 'No')]) | {'concepts': revision}) if 'Judge each query term' in p
+                       else _critic(None)(p))
+    r = pubmed_reasoner(ScriptedLLM(reply), client, QUESTION, AgentConfig(critic_iters=2, **LEAN_CFG))
+    assert r.stop_reason == 'refinement unusable' and r.final_query == FIRST
+    assert not any(re.search(r'"(term|synonym)s?"|<', q, re.I) for q in r.queries)
+
+def test_unreadable_critique_keeps_q0(client):
+    junk = lambda p: 'not json' if 'Judge each query term' in p else _critic(None)(p)
+    r = pubmed_reasoner(ScriptedLLM(junk), client, QUESTION, AgentConfig(critic_iters=3, **LEAN_CFG))
+    assert (r.stop_reason, r.final_query, r.calls.unparseable) == ('critique unparseable', FIRST, {'critique': 1})
+
+def test_reading_stops_at_the_first_sufficient_batch(client):
+    # four records kept, batches of one: the second reading says "sufficient" -> two reading calls, not four
+    state = dict(reads=0)
+    def reply(p):
+        if 'directly addresses the question' in p:
+            state['reads'] += 1
+            pmid = re.search(r'New articles:\n\[PMID: (\d+)\]', p)[1]
+            return json.dumps({'items': [{'pmid': pmid, 'evidence': 'e', 'aligned': 'Yes'}], 'sufficient': 'Yes' if state['reads'] == 2 else 'No'})
+        if 'Propose MeSH headings' in p: return json.dumps({'concepts': [['Asthma', 'Small Cell Lung Carcinoma']]})
+        if 'plausibly relevant' in p: return json.dumps({'keep': ['101', '102', '103']})
+        return _agent_script(dict(round=0))(p)
+    q = Question('q', 'Asthma or lung cancer?', dict(PQ), 'A')          # no date limit: all three records
+    r = pubmed_reasoner(ScriptedLLM(reply), client, q, AgentConfig(critic_iters=0, batch_size=1, **LEAN_CFG))
+    stage2 = [t for t in r.trace if t.get('stage') == 2][0]
+    assert (r.calls.made['read'], stage2['read'], stage2['stop'], len(r.evidence)) == (2, 2, 'sufficient', 2)
+
+def test_evidence_from_a_batch_is_kept_only_for_its_own_aligned_articles(client):
+    # the reader names a PMID outside the batch, repeats one, and marks one not aligned: only one finding survives
+    items = [{'pmid': '999', 'evidence': 'made up', 'aligned': 'Yes'}, {'pmid': '101', 'evidence': 'real', 'aligned': 'Yes'},
+             {'pmid': '101', 'evidence': 'again', 'aligned': 'Yes'}, {'pmid': '102', 'evidence': 'off', 'aligned': 'No'}]
+    reply = lambda p: json.dumps({'items': items, 'sufficient': 'No'}) if 'directly addresses the question' in p else _critic(None)(p)
+    r = pubmed_reasoner(ScriptedLLM(reply), client, Question('q', 'Asthma?', dict(PQ), 'A', max_year=2020),
+                        AgentConfig(critic_iters=0, **LEAN_CFG))
+    assert r.evidence == [('101', 'real')]
+
+def test_ablations_reuse_the_agents_calls(client):
+    # with the cache on, 'no reflection' computes only its own response: its Stage-1 calls are the agent's, replayed
+    llm = ScriptedLLM(_agent_script(dict(round=0)))
+    llm.cache.mode = 'on'
+    cfg = AgentConfig(critic_iters=1, **LEAN_CFG)
+    full = pubmed_reasoner(llm, client, QUESTION, cfg)
+    n0 = len(llm.ledger.records)
+    nr = no_reflection(llm, client, QUESTION, cfg)
+    fresh = [r for r in llm.ledger.records[n0:] if r.source == 'computed']
+    assert nr.final_query == full.final_query
+    assert nr.calls.made['query_plan'] == nr.calls.made['critique'] == 1
+    assert [r.kind for r in fresh] == ['chat', 'choice']       # the response and its scored answer; Stage 1 came from the cache
+    n1 = len(llm.ledger.records)
+    nsc = pubmed_reasoner(llm, client, QUESTION, replace(cfg, critic_iters=0), system='no self-critic')
+    assert llm.ledger.records[n1].source == 'cache'            # its plan is the agent's plan
+    assert nsc.final_query == full.queries[0]
+
+def test_scored_answers_exist_when_the_response_is_junk(client):
+    junk = ScriptedLLM(lambda p: 'FINAL ANSWER: perhaps' if 'Reply in this format' in p else _critic(None)(p), chooser=lambda prompt, prefix: 'B')
+    for mode, want in (('scored', 'B'), ('free_text', None)):
+        r = pubmed_reasoner(junk, client, QUESTION, AgentConfig(critic_iters=0, answer_mode=mode, **LEAN_CFG))
+        assert (r.answer, r.scored.answer, r.free.status, r.calls.unparseable.get('answer')) == (want, 'B', 'unparseable', 1)
+
+def test_direct_baselines_write_no_response_unless_free_text(client):
+    llm = ScriptedLLM(_agent_script(dict(round=0)))
+    for mode in ('scored', 'free_text'):
+        cfg = AgentConfig(top_k=2, answer_mode=mode)
+        cb, pr = closed_book(llm, QUESTION, cfg), plain_rag(llm, client, QUESTION, cfg)
+        assert (cb.raw == '', pr.raw == '') == ((True, True) if mode == 'scored' else (False, False))
+        assert cb.answer == pr.answer == 'A' and pr.retrieved == ['101', '102'][:len(pr.retrieved)] and pr.searches == 1
 
 def test_audit_without_citations_is_not_grounded():
     a = audit_citations('Yes, definitely.', ['1'], ['1'])
-    assert (a['cited'], a['grounded'], a['flags']) == ([], False, [])
+    assert (a['cited'], a['grounded'], a['flags'], a['supported']) == ([], False, [], 0)
     assert (a['statements'], a['statements_cited'], a['statement_coverage']) == (1, 0, 0.0)
 
 def test_statement_citation_coverage():
     a = audit_citations('A holds [PMID: 1]. B holds too. [PMID: 1, 2] C is invented [PMID: 7]. D has none.', ['1', '2'], ['1'])
     assert (a['statements'], a['statements_cited'], a['statement_coverage']) == (4, 2, 0.5)
-    assert a['never_retrieved'] == ['7'] and a['grounded']
+    assert a['never_retrieved'] == ['7'] and a['grounded'] and a['supported'] == 1 and a['outside_evidence'] == ['2']
 
+# ---------------------------------------------------------------- answers: the free-text protocol and the scored prefix
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=300))
+def test_read_final_answer_names_an_option_or_nothing(text):
+    p = read_final_answer(text, PQ)
+    assert (p.status == 'ok') == (p.answer is not None) and p.answer in (None, 'A', 'B', 'C')
+    assert not re.search(r'FINAL\s+ANSWER\s*[:\-]', justification(text), re.I)   # the scored answer never sees an answer line
+
+@pytest.mark.parametrize('text,want', [('ok\nFINAL ANSWER: A', 'A'), ('FINAL ANSWER: A\nFINAL ANSWER: B', 'B'), ('final answer - c', 'C'),
+                                       ('FINAL ANSWER: maybe.', 'C'), ('FINAL ANSWER: A. no', None), ('FINAL ANSWER:', None),
+                                       ('The answer is B.', 'B'), ('the answer is yes but FINAL ANSWER: D', None), ('', None),
+                                       ('**FINAL ANSWER: B**', 'B'), ('<FINAL ANSWER: C>', 'C'), ('x.>\nFINAL ANSWER: <A>', 'A')])
+def test_read_final_answer_cases(text, want):
+    assert read_final_answer(text, PQ).answer == want
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=200), st.sampled_from(['A', 'B', 'C']))
+def test_justification_drops_the_answer_line_and_only_it(body, key):
+    assume_clean = not re.search(r'FINAL\s+ANSWER\s*[:\-]', body, re.I)
+    text = f'{body}\nFINAL ANSWER: {key}'
+    if assume_clean:
+        assert justification(text) == body.strip()
+        assert read_final_answer(text, PQ).answer == key
+
+# ---------------------------------------------------------------- plain RAG's query, metrics, parameters
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.characters(codec='utf-8', categories=('L', 'N', 'P', 'S', 'Zs')), max_size=200))
+def test_question_query_is_valid_and_made_of_the_questions_words(text):
+    try: q = question_query(text)
+    except QuerySyntaxError: return
+    tree = parse_query(q)
+    from rag_lab.eutils import query_terms
+    terms = [t.text for t in query_terms(tree)]
+    assert terms and len(terms) <= 12 and all(t in tokenize(text) for t in terms)
+    assert all(t.field == 'all' for t in query_terms(tree)) and ' AND ' not in q and ' NOT ' not in q
+
+def test_question_query_ranks_the_local_corpus(client):
+    r = client.esearch(question_query('Does montelukast block leukotriene receptors in asthma?'))
+    assert r.ids[0] == '101' and r.count >= 2                     # ORed words: a ranking, not a filter
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), min_size=1, max_size=40))
+def test_ratio_ci_brackets_the_ratio(pairs):
+    num, den = [min(a, b) for a, b in pairs], [max(a, b) for a, b in pairs]
+    v, lo, hi = ratio_ci(num, den)
+    if sum(den) == 0: assert all(np.isnan([v, lo, hi])); return
+    assert 0 <= lo <= v + 1e-12 and v <= hi + 1e-12 and hi <= 1
+    assert ratio_ci(num[::-1], den[::-1])[0] == pytest.approx(v)    # order of items does not matter
+
+def test_gold_rank_lifts_only_the_exclusion(client):
+    q = Question('q', 'Asthma?', dict(PQ), 'A', max_year=2010, exclude_pmids=('101',))
+    assert gold_rank(client, q, '"Asthma"[mesh]', depth=5) == 1
+    assert gold_rank(client, Question(**{**q.__dict__, 'max_year': 2000}), '"Asthma"[mesh]', depth=5) is None   # the date limit stays
+    assert gold_rank(client, q, None, depth=5) is None
+
+@pytest.mark.parametrize('kw,msg', [(dict(n=150, n_free_text=10, n_secondary=20), 'the judge compares'), (dict(n_free_text=0, n_secondary=1), 'the judge compares'),
+                                    (dict(n=-1), 'greater than or equal to 1'), (dict(n_mmlu=-1), 'greater than or equal to 0'),
+                                    (dict(answer_mode='both'), 'scored'), (dict(top_k=0), 'greater than or equal to 1'), (dict(passage_chars=50), 'greater than or equal to 100')])
+def test_bad_parameters_are_refused_before_work(kw, msg):
+    from rag_lab.config import resolve_params
+    with pytest.raises(ValueError, match=msg): resolve_params('pubmed_reasoner', 'default', **kw)
+
+def test_profiles_are_valid_and_the_default_meets_the_sample_size_rule():
+    from rag_lab.config import resolve_params
+    d = resolve_params('pubmed_reasoner', 'default')
+    assert d.n >= 150 and d.n_mmlu >= 50 and d.model == 'qwen2.5-coder-1.5b-instruct-q4_k_m' and d.answer_mode == 'scored'
+    assert (d.n_free_text == 0 or d.n_free_text >= 50) and (d.n_secondary == 0 or d.n_secondary >= 50)   # secondary cells: none or >= 50
+    p = resolve_params('pubmed_reasoner', 'paper')
+    assert (p.n, p.max_articles, p.batch_size, p.critic_iters, p.lean) == (None, 20, 5, 3, False)
+    s = resolve_params('pubmed_reasoner', 'smoke')
+    assert s.n <= 3 and s.n_secondary <= s.n_free_text <= s.n
+    probe = resolve_params('pubmed_reasoner', 'default', n=3)          # the probe command of issue 19 is accepted
+    assert (probe.subset('n_free_text', 3), probe.subset('n_secondary', 3)) == (3, 0)
 
 # ---------------------------------------------------------------- hostile input: bounded, answered, never a dropped connection
 import socket, urllib.request
