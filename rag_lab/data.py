@@ -237,13 +237,13 @@ def load_mirage_predictions(dataset: str, # one of MIRAGE_DATASETS
 
 # %% ../nbs/02_data.ipynb #a43a7f10
 def nested_sample(df: pd.DataFrame, # evaluation items, one per row
-                  n: int | None, # how many; None or >= len(df): all of them (still in the permuted order)
+                  n: int | None, # how many (0: none); None or >= len(df): all of them (still in the permuted order)
                   seed: int = 42,
                  ) -> pd.DataFrame:
     "The first `n` rows of one seeded permutation: samples are nested (n = 50 is the start of n = 150), so every "
     "paper that samples the same data with the same seed evaluates the same items, and a larger run reuses a smaller one's calls."
     perm = np.random.default_rng(seed).permutation(len(df))
-    return df.iloc[perm[:n] if n else perm].reset_index(drop=True)
+    return df.iloc[perm if n is None else perm[:n]].reset_index(drop=True)
 
 # %% ../nbs/02_data.ipynb #eca2c4ab
 MMLU_MED_SUBJECTS = ('anatomy', 'clinical_knowledge', 'college_biology', 'college_medicine', 'medical_genetics',
