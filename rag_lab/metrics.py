@@ -12,8 +12,8 @@ import pandas as pd
 from .text import tokenize
 
 # %% auto #0
-__all__ = ['Verdict', 'bootstrap_ci', 'paired_bootstrap', 'accuracy', 'mcnemar', 'verdict', 'compare_paired', 'as_qrels',
-           'ir_metrics', 'per_query', 'compare_runs', 'gate_sweep', 'risk_coverage', 'aurc', 'aurc_optimal',
+__all__ = ['Verdict', 'MIN_DECIDABLE_N', 'bootstrap_ci', 'paired_bootstrap', 'accuracy', 'mcnemar', 'verdict', 'compare_paired',
+           'as_qrels', 'ir_metrics', 'per_query', 'compare_runs', 'gate_sweep', 'risk_coverage', 'aurc', 'aurc_optimal',
            'sentence_f1', 'token_f1', 'index_bootstrap_ci', 'auroc_ci', 'cohen_kappa']
 
 # %% ../nbs/06_metrics.ipynb #b4fa8d71
@@ -70,11 +70,14 @@ def mcnemar(a: Sequence[bool], # per-item correctness of system A
 # %% ../nbs/06_metrics.ipynb #6da0b807
 Verdict = Literal['confirmed', 'refuted', 'undecided']
 
+MIN_DECIDABLE_N = 30   # fewer paired items: a bootstrap interval is too coarse to decide anything
+
 def verdict(lo: float, # lower end of the 95% interval of (method - baseline)
             hi: float, # upper end
+            n: int | None = None, # paired items behind the interval (fewer than MIN_DECIDABLE_N: undecided)
            ) -> Verdict:
     "The claim 'method beats baseline' read from the interval of the difference: above 0, below 0, or straddling it."
-    if math.isnan(lo) or math.isnan(hi): return 'undecided'
+    if math.isnan(lo) or math.isnan(hi) or (n is not None and n < MIN_DECIDABLE_N): return 'undecided'
     return 'confirmed' if lo > 0 else 'refuted' if hi < 0 else 'undecided'
 
 def compare_paired(method: Sequence[bool], # per-item correctness of the paper's method
@@ -86,7 +89,7 @@ def compare_paired(method: Sequence[bool], # per-item correctness of the paper's
     m, b = np.asarray(method, bool), np.asarray(baseline, bool)
     pb = paired_bootstrap(m.astype(float), b.astype(float), seed=seed)
     d = {k: 100 * pb[k] for k in ('diff', 'lo', 'hi')}
-    v = verdict(d['lo'], d['hi'])
+    v = verdict(d['lo'], d['hi'], len(m))
     note = f"{v}: {d['diff']:+.1f} points, 95% CI [{d['lo']:+.1f}, {d['hi']:+.1f}], McNemar p = {mcnemar(m, b):.3g}, n = {len(m)}"
     if paper_diff is not None and not math.isnan(paper_diff):
         note += f"; paper {paper_diff:+.1f}" + (" (outside our CI)" if not d['lo'] <= paper_diff <= d['hi'] else " (inside our CI)")

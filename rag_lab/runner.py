@@ -368,7 +368,7 @@ def params_command(slug: str) -> int:
     print(f"{slug} ({CHAPTERS[slug].notebook}): -p name=value; profiles {', '.join(PROFILES)}\n")
     for name, f in schema.model_fields.items():
         if name == 'profile': continue
-        typ = getattr(f.annotation, '__name__', None) or str(f.annotation).replace('typing.', '')
+        typ = f.annotation.__name__ if isinstance(f.annotation, type) else str(f.annotation).replace('typing.', '')   # Literal[...] in full
         vals = ', '.join(f"{prof}={values[prof][name]!r}" for prof in PROFILES)
         print(f"  {name} ({typ}): {vals}" + (f"\n      {f.description}" if f.description else ''))
     return 0

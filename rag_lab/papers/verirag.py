@@ -1128,7 +1128,7 @@ def paired_f1_difference(y_true: Sequence[bool], method: Sequence[bool], baselin
     "Macro-F1 of `method` minus `baseline` on the same claims: paired bootstrap interval, p-value and verdict."
     a, b = outcome_codes(y_true, method), outcome_codes(y_true, baseline)
     pb = paired_bootstrap(a, b, stat=_macro_f1_codes, n_boot=n_boot, seed=seed)
-    return pb | dict(verdict=interval_verdict(pb['lo'], pb['hi']))
+    return pb | dict(verdict=interval_verdict(pb['lo'], pb['hi'], len(a)))
 
 # %% ../../nbs/41_verirag_method.ipynb #4504d588
 def check_pass_rates(methods: Mapping[str, PaperMethods], # paper id -> its methods audit
