@@ -16,13 +16,13 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['PAPER_SLUGS', 'RESULT_COLUMNS', 'ITEM_COLUMNS', 'INDEX_MAX_ROWS', 'MATHJAX_PACKAGE', 'parse_reported', 'paper_table',
-           'atomic_write_text', 'markdown_table', 'with_delta', 'Results', 'start_run', 'start_notebook', 'set_style',
-           'scorecard', 'scorecard_text', 'rounded_for_reading', 'write_index', 'local_mathjax', 'item_browser',
-           'site_sources', 'build_site']
+           'printed_tolerance', 'check_against_paper', 'atomic_write_text', 'markdown_table', 'with_delta', 'Results',
+           'start_run', 'start_notebook', 'set_style', 'scorecard', 'scorecard_text', 'rounded_for_reading',
+           'write_index', 'local_mathjax', 'item_browser', 'site_sources', 'build_site']
 
 # %% ../nbs/07_report.ipynb #ca90c1a0
 PAPER_SLUGS = tuple(PAPERS)   # from the registry: the papers in their order
-RESULT_COLUMNS = ['row', 'metric', 'paper', 'ours', 'n', 'profile', 'model', 'seed', 'note']
+RESULT_COLUMNS = ['row', 'metric', 'paper', 'ours', 'check', 'n', 'profile', 'model', 'seed', 'note']
 
 def parse_reported(text) -> float:
     "A number as printed in a paper ('1,234', '+2.7', '12.3M', '0.5k') as a float; NaN if there is none."
@@ -38,14 +38,41 @@ def _paper_tables_dir() -> Path:
 def paper_table(slug: str, # paper slug, e.g. 'claim_aware'
                 table: str, # table file stem, e.g. 'table5'
                ) -> pd.DataFrame:
-    "The paper's reported values: row, metric, paper (float), paper_text (as printed), note."
+    "The paper's reported values: row, metric, paper (float), paper_text (as printed), note, tol (NaN if not given)."
     p = _paper_tables_dir() / slug / f'{table}.csv'
-    if not p.exists(): return pd.DataFrame(columns=['row', 'metric', 'paper', 'paper_text', 'note'])
+    if not p.exists(): return pd.DataFrame(columns=['row', 'metric', 'paper', 'paper_text', 'note', 'tol'])
     df = pd.read_csv(p, dtype=str, keep_default_na=False)
     if not {'row', 'metric', 'paper'} <= set(df.columns):
         raise ValueError(f"{p.name} of {slug} is not a table of reported values (columns {list(df.columns)})")
     return pd.DataFrame(dict(row=df['row'], metric=df['metric'], paper=df['paper'].map(parse_reported),
-                             paper_text=df['paper'], note=df['note']))
+                             paper_text=df['paper'], note=df['note'],
+                             tol=pd.to_numeric(df['tol'], errors='raise') if 'tol' in df else float('nan')))
+
+# %% ../nbs/07_report.ipynb #ece493be
+def printed_tolerance(text: str | float | None, # a number as the paper prints it ('71.5', '0.993333', '1,234', '12.3M')
+                     ) -> float: # half a unit in its last printed digit; NaN if it is not a number
+    "The tolerance a number's printed precision implies: agreeing with '71.5' to the digit means within 0.05."
+    value = parse_reported(text)
+    if math.isnan(value): return float('nan')
+    s = str(text).strip().replace(',', '').replace('−', '-')
+    scale = {'k': 1e3, 'K': 1e3, 'M': 1e6}.get(s[-1:], 1.0)
+    mantissa = s.rstrip('kKM').strip().lower().split('e')
+    decimals = len(mantissa[0].split('.')[1]) if '.' in mantissa[0] else 0
+    exponent = int(mantissa[1]) if len(mantissa) > 1 else 0
+    return 0.5 * 10.0 ** (exponent - decimals) * scale
+
+# %% ../nbs/07_report.ipynb #1237d03a
+def check_against_paper(paper: float, # the paper's value
+                        ours: float, # this run's value
+                        tol: float, # OK tolerance (absolute); NaN: the printed precision of `paper_text`
+                        paper_text: str | None = None, # the paper's value as printed (for the default tolerance)
+                       ) -> str: # 'OK', 'close', 'off', or '' when a side is missing
+    "Where our number lands against the paper's: OK within tol, close within max(3 tol, 5% of |paper|), else off."
+    if any(x is None or (isinstance(x, float) and math.isnan(x)) for x in (paper, ours)): return ''
+    if tol is None or math.isnan(tol): tol = printed_tolerance(paper_text if paper_text not in (None, '') else repr(float(paper)))
+    gap = abs(float(ours) - float(paper))
+    if gap <= tol * (1 + 1e-9): return 'OK'
+    return 'close' if gap <= max(3 * tol, 0.05 * abs(float(paper))) else 'off'
 
 # %% ../nbs/07_report.ipynb #2bd3fdf1
 def _publish(tmp: str, dest: Path) -> None:
@@ -165,10 +192,11 @@ def table(self: Results, name: str, # table file stem; paper values come from th
         clash, unknown = set(paper_values) & set(order), set(paper_values) - set(zip(o.row, o.metric))
         if clash: raise ValueError(f"table {name!r}: {sorted(clash)[:3]} already have a value in the paper's CSV")
         if unknown: raise ValueError(f"table {name!r} has no row(s) {sorted(unknown)[:3]} for the given paper values")
-        stated = pd.DataFrame([dict(row=r, metric=m, paper=float(v), note=src) for (r, m), (v, src) in paper_values.items()])
+        stated = pd.DataFrame([dict(row=r, metric=m, paper=float(v), paper_text=str(v), note=src, tol=float('nan'))
+                               for (r, m), (v, src) in paper_values.items()])
         paper = pd.concat([paper, stated], ignore_index=True) if len(paper) else stated   # (concat with an empty frame warns)
     how = {'all': 'outer', 'matched': 'left'}[paper_rows]
-    df = o.merge(paper[['row', 'metric', 'paper', 'note']].rename(columns={'note': 'paper_note'}),
+    df = o.merge(paper[['row', 'metric', 'paper', 'paper_text', 'tol', 'note']].rename(columns={'note': 'paper_note'}),
                  on=['row', 'metric'], how=how, indicator='_src')
     df['_k'] = [order.get(k, len(order) + i) for k, i in zip(zip(df.row, df.metric), df['_i'].fillna(0))]
     df = df.sort_values('_k', kind='stable').drop(columns=['_k', '_i']).reset_index(drop=True)
@@ -182,11 +210,12 @@ def table(self: Results, name: str, # table file stem; paper values come from th
     df.loc[paper_only, ['profile', 'seed']] = None
     note = df['note'].fillna('') if 'note' in df else pd.Series('', index=df.index)
     df['note'] = [('; '.join(x for x in (a, b and f'paper: {b}') if x)) for a, b in zip(note, df['paper_note'].fillna(''))]
+    df['check'] = [check_against_paper(p, v, t, pt) for p, v, t, pt in zip(df.paper, df.ours, df.tol, df.paper_text)]
     df = df[RESULT_COLUMNS].astype({'n': 'Int64', 'seed': 'Int64'})  # counts stay integers beside empty cells
     atomic_write_text(self.report_dir / f'{name}.csv', df.to_csv(index=False))
     cfg = (f"profile `{self.run.profile}`, seed {self.run.params.get('seed')}, "
            f"model {f'`{model}`' if model else 'per row (`model` column)'}, n {n if n is not None else 'per row (`n` column)'}")
-    md = f"# {self.slug} / {name}\n\n{title}\n\n{cfg}. `paper` = value reported in the paper; `ours` = this run.\n\n"
+    md = f"# {self.slug} / {name}\n\n{title}\n\n{cfg}. `paper` = value reported in the paper; `ours` = this run; `check` = OK / close / off against the paper's tolerance.\n\n"
     atomic_write_text(self.report_dir / f'{name}.md', md + markdown_table(with_delta(df)))
     self.tables[name] = df
     return df
@@ -247,21 +276,25 @@ def _headline_verdict(rdir: Path) -> str:
     "The first comparison's verdict in `headline.csv` and how many comparisons fall in each class ('' if none)."
     p = rdir / 'headline.csv'
     if not p.exists(): return ''
-    notes = pd.read_csv(p, dtype={'note': str}).note.dropna()
-    verdicts = [m[1] for m in (re.match(r'(confirmed|refuted|undecided)\b', n) for n in notes) if m]
+    h = pd.read_csv(p, dtype={'note': str}).dropna(subset=['note'])
+    found = {}   # comparison (row) -> the first verdict its notes state; a comparison spans several metric rows
+    for row, note in zip(h.row, h.note):
+        if row not in found and (m := re.search(r'\b(confirmed|refuted|undecided)\b', note)): found[row] = m[1]
+    verdicts = list(found.values())
     if not verdicts: return ''
     counts = pd.Series(verdicts).value_counts()
     return f"{verdicts[0]} ({', '.join(f'{counts.get(v, 0)} {v}' for v in ('confirmed', 'refuted', 'undecided'))})"
 
 def scorecard(root: Path | str | None = None, # output root holding reports/
              ) -> pd.DataFrame: # one row per paper that has published outputs
-    "Per paper: cells vs the paper (within 5% / 10%, median relative error), median n, headline verdict, profile, model, wall time."
+    "Per paper: cells vs the paper (within 5% / 10%, OK/close/off, median relative error), median n, headline verdict, profile, model, wall time."
     root, rows = out_root(root), []
     for slug in PAPER_SLUGS:
         rdir = root / 'reports' / slug
         if not (rdir / 'run_meta.json').exists(): continue
         df = pd.concat([pd.read_csv(p) for p in _result_csvs(rdir)], ignore_index=True)
         both = df[df.paper.notna() & df.ours.notna()]
+        checks = df['check'] if 'check' in df else pd.Series(dtype=str)   # tables published before the check column have none
         exact = np.where(both.ours == 0, 0.0, np.inf)   # a paper value of 0: only an exact 0 is close
         rel = pd.Series(np.where(both.paper != 0, (both.ours - both.paper).abs() / both.paper.abs().where(both.paper != 0, 1), exact))
         m = json.loads((rdir / 'run_meta.json').read_text())
@@ -270,10 +303,11 @@ def scorecard(root: Path | str | None = None, # output root holding reports/
                f"replayed ({c.get('record', 0)} from records, {c.get('cache', 0)} from the cache)")
         rows.append(dict(paper=slug, paper_cells=int(df.paper.notna().sum()), computed=int(df.ours.notna().sum()),
                          compared=len(both), within_5pct=int((rel <= 0.05).sum()), within_10pct=int((rel <= 0.10).sum()),
+                         ok_close_off='/'.join(str(int((checks == k).sum())) for k in ('OK', 'close', 'off')),
                          median_rel_error=float(rel[np.isfinite(rel)].median()) if np.isfinite(rel).any() else float('nan'),
                          median_n=float(df.n[df.ours.notna()].median()) if df.n[df.ours.notna()].notna().any() else float('nan'),
                          headline=_headline_verdict(rdir), profile=m.get('profile'),
-                         model=', '.join(sorted({str(v) for v in (m.get('models') or {}).values()})) or '-',
+                         model=', '.join(sorted({re.sub(r' sha256:\w+', '', str(v)) for v in (m.get('models') or {}).values()})) or '-',
                          wall_seconds=m.get('wall_seconds'), run=how))
     return pd.DataFrame(rows)
 
