@@ -26,9 +26,9 @@ __all__ = ['EMBEDDED_MODELS', 'Messages', 'Source', 'CacheMode', 'SHARD_LIMIT', 
            'distribution_data_files', 'verify_model_file', 'assemble_parts', 'embedded_model_path', 'as_messages',
            'GenConfig', 'Generation', 'Score', 'Choice', 'CacheError', 'LLMCache', 'RecordsError', 'CallRecords',
            'CallRecord', 'Ledger', 'track', 'records_mode', 'call_records', 'same_result', 'LLM', 'Recorder',
-           'start_recording', 'finish_recording', 'prune_records', 'default_threads', 'LlamaCppLLM', 'verify_records',
-           'checkpoint_fingerprint', 'TransformersLLM', 'retry_call', 'OpenAILLM', 'get_llm', 'StructuredResult',
-           'chat_structured', 'benchmark']
+           'start_recording', 'recording_folder', 'finish_recording', 'prune_records', 'default_threads', 'LlamaCppLLM',
+           'verify_records', 'checkpoint_fingerprint', 'TransformersLLM', 'retry_call', 'OpenAILLM', 'get_llm',
+           'StructuredResult', 'chat_structured', 'benchmark']
 
 # %% ../nbs/04_llm.ipynb #e4952da3
 class ModelError(RuntimeError):
@@ -738,6 +738,10 @@ def start_recording(slug: str, profile: str, **kw) -> Recorder | None:
     global _RECORDER
     _RECORDER = Recorder(slug, profile, **kw) if os.environ.get('RAG_LAB_RECORD', '').strip() == '1' else None
     return _RECORDER
+
+def recording_folder() -> Path | None:
+    "The records folder the active recorder writes to (records/<slug>/<profile>), or None when not recording."
+    return None if _RECORDER is None else _RECORDER.records.folder(_RECORDER.slug, _RECORDER.profile)
 
 def finish_recording() -> int:
     "Write what the active recorder has not written yet, and the keys the run used; returns calls written in all."

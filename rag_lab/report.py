@@ -4,21 +4,21 @@
 
 # %% ../nbs/07_report.ipynb #0ab7959f
 from __future__ import annotations
-import html, json, math, os, re, tempfile
+import hashlib, html, json, math, os, re, tempfile
 from pathlib import Path
 from importlib import resources
 import numpy as np
 import pandas as pd
 from .config import NotebookParams, RunInfo, notebook_params, out_root, run_params, scratch_root
 from .papers import CHAPTERS, PAPERS
-from .llm import LEDGER, finish_recording, start_recording
+from .llm import LEDGER, finish_recording, recording_folder, start_recording
 from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['PAPER_SLUGS', 'RESULT_COLUMNS', 'ITEM_COLUMNS', 'INDEX_MAX_ROWS', 'MATHJAX_PACKAGE', 'parse_reported', 'paper_table',
-           'printed_tolerance', 'check_against_paper', 'atomic_write_text', 'markdown_table', 'with_delta', 'Results',
-           'start_run', 'start_notebook', 'set_style', 'scorecard', 'scorecard_text', 'rounded_for_reading',
-           'write_index', 'local_mathjax', 'item_browser', 'site_sources', 'build_site']
+           'printed_tolerance', 'check_against_paper', 'atomic_write_text', 'markdown_table', 'with_delta',
+           'table_digests', 'Results', 'start_run', 'start_notebook', 'set_style', 'scorecard', 'scorecard_text',
+           'rounded_for_reading', 'write_index', 'local_mathjax', 'item_browser', 'site_sources', 'build_site']
 
 # %% ../nbs/07_report.ipynb #ca90c1a0
 PAPER_SLUGS = tuple(PAPERS)   # from the registry: the papers in their order
@@ -112,6 +112,16 @@ def with_delta(df: pd.DataFrame) -> pd.DataFrame:
     "The contract table plus `delta` = ours - paper where both exist."
     return df.assign(delta=df['ours'] - df['paper'])
 
+# %% ../nbs/07_report.ipynb #8f2e7608
+def table_digests(report_dir: Path, # reports/<slug> of a run
+                 ) -> dict[str, str]: # CSV file name -> sha256 of its bytes
+    "sha256 of each table a run wrote, with the lines that report wall time left out: what a replay must reproduce."
+    out = {}
+    for p in sorted(Path(report_dir).glob('*.csv')):
+        kept = b'\n'.join(l for l in p.read_bytes().splitlines() if b'wall' not in l.lower())
+        out[p.name] = hashlib.sha256(kept).hexdigest()
+    return out
+
 # %% ../nbs/07_report.ipynb #7ac91d24
 class Results:
     "Writes one paper's tables, figures and run metadata under the results contract."
@@ -153,6 +163,8 @@ class Results:
     def finish(self) -> RunInfo:
         "Stamp wall time, record the run's LLM calls (if recording) and write `run_meta.json`."
         self.run.finish()
+        folder = recording_folder()   # recording: note what a replay of these records must reproduce
+        if folder is not None and LEDGER.calls: atomic_write_text(folder / 'tables.sha256', ''.join(f'{h}  {f}\n' for f, h in table_digests(self.report_dir).items()))
         recorded = finish_recording()
         calls = LEDGER.sources() | dict(recorded=recorded) if LEDGER.records else None
         meta = self.run.model_dump() | dict(tables=sorted(self.tables), figures=self.figures, llm_calls=calls)
@@ -303,7 +315,7 @@ def scorecard(root: Path | str | None = None, # output root holding reports/
                f"replayed ({c.get('record', 0)} from records, {c.get('cache', 0)} from the cache)")
         rows.append(dict(paper=slug, paper_cells=int(df.paper.notna().sum()), computed=int(df.ours.notna().sum()),
                          compared=len(both), within_5pct=int((rel <= 0.05).sum()), within_10pct=int((rel <= 0.10).sum()),
-                         ok_close_off='/'.join(str(int((checks == k).sum())) for k in ('OK', 'close', 'off')),
+                         ok_close_off='/'.join(str(int((checks == k).sum())) for k in ('OK', 'close', 'off')) if len(checks) else '-',
                          median_rel_error=float(rel[np.isfinite(rel)].median()) if np.isfinite(rel).any() else float('nan'),
                          median_n=float(df.n[df.ours.notna()].median()) if df.n[df.ours.notna()].notna().any() else float('nan'),
                          headline=_headline_verdict(rdir), profile=m.get('profile'),

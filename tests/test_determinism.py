@@ -66,3 +66,28 @@ def test_llm_notebook_replays_from_records_identically_under_two_hash_seeds(nb, 
     differ = [str(f) for f in files if f.name != 'run_meta.json'
               and (not (a / f).exists() or not (b / f).exists() or _without_wall_time(a / f) != _without_wall_time(b / f))]
     assert differ == []
+
+
+LLM_SLUGS = ('reason_verify', 'rag2', 'verirag', 'pubmed_reasoner')
+
+
+def test_smoke_records_replay_on_a_clean_checkout_to_the_recorded_tables(tmp_path):
+    "A fresh clone (no LLM cache, its own code and records) replays the smoke records of the four LLM notebooks and "
+    "writes tables byte-identical (wall-time lines aside) to those of the run that made the records (`tables.sha256`)."
+    from rag_lab.report import table_digests
+    clone = tmp_path / 'clone'
+    subprocess.run(['git', 'clone', '-q', str(REPO), str(clone)], check=True)
+    missing = [s for s in LLM_SLUGS if not (clone / 'records' / s / 'smoke' / 'tables.sha256').exists()]
+    if missing: pytest.fail(f"no committed tables.sha256 for {missing}: run `rag-lab reproduce --profile smoke --record` and commit records/")
+    env = {k: v for k, v in os.environ.items() if k not in ('IN_TEST', 'RAG_LAB_RECORDS', 'RAG_LAB_OUT')} | dict(
+        PYTHONPATH=str(clone), RAG_LAB_LLM_CACHE='off', RAG_LAB_CACHE=os.environ.get('RAG_LAB_CACHE', str(REPO / '.cache')))
+    out = tmp_path / 'out'
+    p = subprocess.run([str(BIN / 'rag-lab'), 'reproduce', '--profile', 'smoke', '--only', *LLM_SLUGS, '--out', str(out),
+                        '--jobs', '2', '--no-progress'], cwd=clone, env=env, capture_output=True, text=True, timeout=1800)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    for slug in LLM_SLUGS:
+        meta = json.loads((out / 'reports' / slug / 'run_meta.json').read_text())
+        assert meta['git_commit'][:7] == subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=clone, capture_output=True, text=True).stdout[:7]
+        assert meta['llm_calls']['computed'] == 0, (slug, meta['llm_calls'])
+        recorded = dict(reversed(l.split('  ', 1)) for l in (clone / 'records' / slug / 'smoke' / 'tables.sha256').read_text().splitlines())
+        assert table_digests(out / 'reports' / slug) == recorded, slug
