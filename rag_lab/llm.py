@@ -13,7 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from .config import DEFAULT_GENERATOR, LLMParams, cache_dir, file_sha256, quiet_loading, repo_root
 from .data import RateLimiter
 from .parsing import ParsedAnswer, extract_json
@@ -154,6 +154,12 @@ class GenConfig(BaseModel):
     seed: int = Field(42, ge=0)
     json_mode: bool = False
     json_schema: dict | None = None
+
+    @field_validator('json_schema', mode='before')
+    @classmethod
+    def _from_request(cls, v: dict | str | None) -> dict | None:
+        "A recorded request holds the schema as JSON text (see `chat_many`); read it back in its own property order."
+        return json.loads(v) if isinstance(v, str) else v
 
 class Generation(BaseModel):
     "One chat completion."
@@ -621,7 +627,10 @@ def chat_many(self: LLM, prompts: Sequence[str | Sequence[dict]], # prompts or m
     cfg = self.config(temperature=temperature, max_tokens=max_tokens, stop=stop, seed=seed, json_mode=json_mode,
                       json_schema=json_schema)
     msgs = [as_messages(p) for p in prompts]
-    reqs = [self._request('chat', messages=m, **cfg.model_dump()) for m in msgs]
+    # the schema goes into the request as JSON text: the grammar emits fields in its property order, which a key
+    # computed with sorted dict keys would otherwise ignore (and a record's request would not reproduce)
+    fields = cfg.model_dump() | dict(json_schema=None if cfg.json_schema is None else json.dumps(cfg.json_schema, ensure_ascii=False))
+    reqs = [self._request('chat', messages=m, **fields) for m in msgs]
     out: list[Generation | None] = [None] * len(msgs)
     for i, (k, req) in enumerate(reqs):
         t0 = time.perf_counter()

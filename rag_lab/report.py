@@ -160,11 +160,18 @@ class Results:
         self.figures.append(name)
         return self.figure_dir / f'{name}.png'
 
+    def _note_digests(self, path: Path) -> None:
+        "Write the tables' digests next to the records, from a run that replayed every call (usage tables count sources)."
+        if LEDGER.sources()['computed'] == 0:
+            atomic_write_text(path, ''.join(f'{h}  {f}\n' for f, h in table_digests(self.report_dir).items()))
+        elif path.exists():
+            path.unlink(); print(f"{path} removed: this run computed calls; replay once more with --record to write it")
+
     def finish(self) -> RunInfo:
         "Stamp wall time, record the run's LLM calls (if recording) and write `run_meta.json`."
         self.run.finish()
         folder = recording_folder()   # recording: note what a replay of these records must reproduce
-        if folder is not None and LEDGER.calls: atomic_write_text(folder / 'tables.sha256', ''.join(f'{h}  {f}\n' for f, h in table_digests(self.report_dir).items()))
+        if folder is not None and LEDGER.calls: self._note_digests(folder / 'tables.sha256')
         recorded = finish_recording()
         calls = LEDGER.sources() | dict(recorded=recorded) if LEDGER.records else None
         meta = self.run.model_dump() | dict(tables=sorted(self.tables), figures=self.figures, llm_calls=calls)

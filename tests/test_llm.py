@@ -480,3 +480,29 @@ def test_records_replay_tamper_and_fresh_mode(tmp_path, monkeypatch):
     f2 = make(); f2.records = CallRecords(tmp_path / 'records')
     assert f2.choose('Is the sky blue? Answer:', [' yes', ' no']).source == 'computed'
     assert f2.ledger.differs == {req_key}
+
+
+def test_a_records_request_reproduces_its_json_schema_output(tmp_path):
+    "The grammar emits an object's fields in its schema's property order. The key and the stored request used to "
+    "sort dict keys, so they lost that order: `records verify` found 4 of 12 structured calls differing only in field "
+    "order. The schema now travels as JSON text: order is part of the key, and a record's request reproduces its output."
+    from rag_lab.llm import CallRecords, GenConfig
+    class Flags(BaseModel):
+        relevant: bool
+        support: Literal['explicit', 'implicit', 'none']
+        logical: bool
+    schema = Flags.model_json_schema()
+    reordered = dict(schema, properties=dict(reversed(list(schema['properties'].items()))))
+    msgs = [{'role': 'user', 'content': 'Is the sky blue? Give the flags as JSON.'}]
+    smol = LlamaCppLLM(SMOL, n_threads=1, cache=LLMCache(tmp_path / 'calls.sqlite'), ledger=Ledger())
+    first = smol.chat(msgs, json_schema=schema, max_tokens=40, cache='off')
+    (key, call), = smol.ledger.calls.items()
+    assert list(json.loads(first.text)) == ['relevant', 'support', 'logical']
+    other = smol.chat(msgs, json_schema=reordered, max_tokens=40, cache='off')
+    assert list(json.loads(other.text)) == ['logical', 'support', 'relevant'] and len(smol.ledger.calls) == 2   # another key
+    recs = CallRecords(tmp_path / 'records')
+    recs.write('t', 'smoke', {key: call})
+    stored = recs.read_folder('t', 'smoke')[key]['request']   # what `records verify` recomputes from
+    cfg = {f: stored[f] for f in GenConfig.model_fields if f in stored}
+    assert list(GenConfig(**cfg).json_schema['properties']) == ['relevant', 'support', 'logical']
+    assert smol.chat(stored['messages'], **cfg, cache='off').text == first.text
