@@ -248,7 +248,7 @@ def _kernel_threads(jobs: int) -> str | None:
 
 def _run_all(plan: dict[str, dict], profile: str, nbs_dir: Path, root: Path, progress: bool, env: dict, jobs: int) -> dict[str, str]:
     "Run every planned notebook (`jobs` at a time), printing a line as each starts and ends; slug -> status."
-    env = {**env, 'RAG_LAB_LLM_THREADS': _kernel_threads(jobs) or env.get('RAG_LAB_LLM_THREADS')}
+    if (threads := _kernel_threads(jobs)): env = {**env, 'RAG_LAB_LLM_THREADS': threads}   # else the user's $RAG_LAB_LLM_THREADS, if any, stays
     def one(i_slug):
         i, (slug, p) = i_slug
         print(f"[{i}/{len(plan)}] {slug} ({profile})", flush=True)

@@ -177,3 +177,17 @@ def test_a_smoke_run_writes_to_scratch_and_leaves_git_status_clean(repo):
     finally:
         for l in r.stdout.splitlines():
             if l.startswith('writing to ') and '/runs/' in l: shutil.rmtree(l.split()[2], ignore_errors=True)
+
+
+def test_the_users_llm_threads_reach_the_kernel(monkeypatch, tmp_path):
+    "RAG_LAB_LLM_THREADS=1 set by the user must reach every kernel; with --jobs 1 the runner used to overwrite it with "
+    "None, which dropped it, so each kernel ran llama.cpp on every core (on a shared machine 5-20x slower)."
+    from rag_lab import runner
+    seen = []
+    monkeypatch.setattr(runner, 'run_notebook', lambda slug, p, nbs, root, progress, env: seen.append({**os.environ, **env}) or 'ok')
+    monkeypatch.setenv('RAG_LAB_LLM_THREADS', '1')
+    runner._run_all({'claim_aware': {}}, 'smoke', REPO / 'nbs', tmp_path, False, dict(RAG_LAB_RECORD=None), jobs=1)
+    assert seen[-1].get('RAG_LAB_LLM_THREADS') == '1'
+    monkeypatch.delenv('RAG_LAB_LLM_THREADS')
+    runner._run_all({'claim_aware': {}, 'verirag': {}}, 'smoke', REPO / 'nbs', tmp_path, False, {}, jobs=2)
+    assert seen[-1].get('RAG_LAB_LLM_THREADS') == str(max(1, len(os.sched_getaffinity(0)) // 2))
