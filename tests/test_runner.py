@@ -57,7 +57,7 @@ def test_failing_notebook_keeps_previous_outputs_and_exits_1(tmp_path):
     assert ok.returncode == 0, ok.stdout + ok.stderr
     table = out / 'reports' / 'reason_verify' / 'table2.csv'
     before = table.read_text()
-    assert ',92.56,7.0,7,smoke,toy,' in before            # paper beside ours, with n, profile, model
+    assert ',92.56,7.0,off,7,smoke,toy,' in before        # paper beside ours, its check, n, profile, model
     # now the notebook writes a table and then raises: the half-finished run must not replace the good outputs
     _paper_nb(nbs / '10_reason_verify.ipynb', WRITE_TABLE.replace('res.finish()', "raise RuntimeError('boom in analysis')"))
     bad = _run('reproduce', '--notebooks', str(nbs), '--profile', 'smoke', '-p', 'n=9', '--out', str(out), '--no-progress')
