@@ -17,8 +17,9 @@ from fastcore.basics import patch
 # %% auto #0
 __all__ = ['PAPER_SLUGS', 'RESULT_COLUMNS', 'ITEM_COLUMNS', 'INDEX_MAX_ROWS', 'MATHJAX_PACKAGE', 'parse_reported', 'paper_table',
            'printed_tolerance', 'check_against_paper', 'atomic_write_text', 'markdown_table', 'with_delta',
-           'table_digests', 'Results', 'start_run', 'start_notebook', 'set_style', 'scorecard', 'scorecard_text',
-           'rounded_for_reading', 'write_index', 'local_mathjax', 'item_browser', 'site_sources', 'build_site']
+           'without_wall_time', 'table_digests', 'Results', 'start_run', 'start_notebook', 'set_style', 'scorecard',
+           'scorecard_text', 'rounded_for_reading', 'write_index', 'local_mathjax', 'item_browser', 'site_sources',
+           'build_site']
 
 # %% ../nbs/07_report.ipynb #ca90c1a0
 PAPER_SLUGS = tuple(PAPERS)   # from the registry: the papers in their order
@@ -112,15 +113,19 @@ def with_delta(df: pd.DataFrame) -> pd.DataFrame:
     "The contract table plus `delta` = ours - paper where both exist."
     return df.assign(delta=df['ours'] - df['paper'])
 
+# %% ../nbs/07_report.ipynb #5d1e0a37
+def without_wall_time(path: Path, # a table (.csv) or its markdown (.md); other files are read whole
+                     ) -> bytes: # the file's bytes, lines reporting wall time left out
+    "What a replay must reproduce of a file: every line except those reporting wall time (the one thing a replay changes)."
+    data = Path(path).read_bytes()
+    if Path(path).suffix not in ('.csv', '.md'): return data
+    return b'\n'.join(l for l in data.splitlines() if b'wall' not in l.lower())
+
 # %% ../nbs/07_report.ipynb #8f2e7608
 def table_digests(report_dir: Path, # reports/<slug> of a run
                  ) -> dict[str, str]: # CSV file name -> sha256 of its bytes
     "sha256 of each table a run wrote, with the lines that report wall time left out: what a replay must reproduce."
-    out = {}
-    for p in sorted(Path(report_dir).glob('*.csv')):
-        kept = b'\n'.join(l for l in p.read_bytes().splitlines() if b'wall' not in l.lower())
-        out[p.name] = hashlib.sha256(kept).hexdigest()
-    return out
+    return {p.name: hashlib.sha256(without_wall_time(p)).hexdigest() for p in sorted(Path(report_dir).glob('*.csv'))}
 
 # %% ../nbs/07_report.ipynb #7ac91d24
 class Results:

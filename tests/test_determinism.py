@@ -10,6 +10,7 @@ paper's runtime table: seconds per stage) and `figure6` (the plot of table9).
 import json, os, subprocess, sys
 from pathlib import Path
 import pytest
+from rag_lab.report import without_wall_time
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -42,13 +43,6 @@ def test_claim_aware_outputs_do_not_depend_on_the_hash_seed(tmp_path):
     assert _differences(a, b) == []
 
 
-def _without_wall_time(path: Path) -> bytes:
-    "A file's bytes without the lines that report wall time (the only cells a replay may change)."
-    if path.suffix in ('.csv', '.md'):
-        return b'\n'.join(l for l in path.read_bytes().splitlines() if b'wall' not in l.lower())
-    return path.read_bytes()
-
-
 @pytest.mark.parametrize('nb,slug', [('10_reason_verify.ipynb', 'reason_verify'), ('30_rag2.ipynb', 'rag2'),
                                      ('40_verirag.ipynb', 'verirag'), ('50_pubmed_reasoner.ipynb', 'pubmed_reasoner')])
 def test_llm_notebook_replays_from_records_identically_under_two_hash_seeds(nb, slug, tmp_path, monkeypatch):
@@ -64,7 +58,7 @@ def test_llm_notebook_replays_from_records_identically_under_two_hash_seeds(nb, 
     files = sorted({p.relative_to(a) for p in a.rglob('*') if p.is_file()} | {p.relative_to(b) for p in b.rglob('*') if p.is_file()})
     assert len(files) > 5, files
     differ = [str(f) for f in files if f.name != 'run_meta.json'
-              and (not (a / f).exists() or not (b / f).exists() or _without_wall_time(a / f) != _without_wall_time(b / f))]
+              and (not (a / f).exists() or not (b / f).exists() or without_wall_time(a / f) != without_wall_time(b / f))]
     assert differ == []
 
 
