@@ -4,7 +4,7 @@
 
 # %% ../nbs/03_parsing.ipynb #d3b0591f
 from __future__ import annotations
-import ast, json, re
+import ast, itertools, json, re
 from typing import Any, Literal, Mapping, Sequence
 from pydantic import BaseModel
 
@@ -39,12 +39,12 @@ def _options(options: dict[str, str] | Sequence[str]) -> dict[str, str]:
 
 def _match_option(token: str, opts: dict[str, str]) -> str | None:
     "The option key `token` names, by key (A) or by text (yes), or None."
-    t = token.strip().strip('.*:()[]"\'').strip()
+    t = token.strip().strip('.,;*:()[]"\'').strip()
     by_key = {k.upper(): k for k in opts}; by_text = {v.lower(): k for k, v in opts.items()}
     return by_key.get(t.upper()) or by_text.get(t.lower())
 
 def _option_line(line: str, opts: dict[str, str], keyed: bool,
-                 first_word: bool = True, # also accept a line whose first word is an option ('yes, because ...')
+                 first_word: bool = True, # also accept a line that begins with an option ('yes, because ...', 'A because ...')
                 ) -> str | None | bool:
     "The option one answer line names (`A. yes`, `(A) yes`, `A`, `yes`); False when letter and text disagree."
     line = line.strip().strip('*').strip()
@@ -53,7 +53,14 @@ def _option_line(line: str, opts: dict[str, str], keyed: bool,
         key, said = _match_option(m.group(1), opts), _match_option(m.group(2), opts)
         if key and (said in (None, key)) and (said or m.group(2).strip().lower().startswith(opts[key].lower())): return key
         if key and said and said != key: return False
-    return _match_option(line, opts) or (first_word and _match_option(line.split()[0] if line.split() else '', opts)) or None
+    if (key := _match_option(line, opts)) or not first_word: return key
+    starts = [k for k, v in sorted(opts.items(), key=lambda kv: -len(kv[1])) if re.match(rf'{re.escape(v)}\b', line, flags=re.I)]
+    return (starts[0] if starts else None) or _match_option(line.split()[0] if line.split() else '', opts)
+
+def _names_several(answer: str, opts: dict[str, str], keyed: bool) -> bool:
+    "True when an answer names two or more different options: `A. yes, B. no`, `yes or no`, `A/B`, one option per line."
+    segments = re.split(r'[,;/\n]|\bor\b', answer, flags=re.I)
+    return len({k for seg in segments if (k := _option_line(seg, opts, keyed, first_word=False))}) > 1
 
 # %% ../nbs/03_parsing.ipynb #e08810e6
 def parse_option(text: str | None, # the answer text, e.g. 'B. no', '(C)', 'maybe'
@@ -79,13 +86,16 @@ def parse_option(text: str | None, # the answer text, e.g. 'B. no', '(C)', 'mayb
 def parse_final_answer(text: str, # model output
                        options: dict[str, str] | Sequence[str], # {'A': 'yes', 'B': 'no', ...} or ['yes', 'no', 'maybe']
                       ) -> ParsedAnswer:
-    "Reason and Verify's `FINAL ANSWER: A. yes` or `ANSWER UNAVAILABLE`; a reply that is only an option line counts too."
+    "Reason and Verify's `FINAL ANSWER: A. yes` or `ANSWER UNAVAILABLE`; a reply that is only an option line counts too; an answer naming several options is unparseable."
     opts, keyed = _options(options), isinstance(options, dict)
     finals = list(re.finditer(r'FINAL\s+ANSWER\s*[:\-]\s*(.+)', text, flags=re.I))
     unavailable = list(re.finditer(r'ANSWER\s+UNAVAILABLE|^\W*UNAVAILABLE\W*$', text, flags=re.I | re.M))
     if unavailable and (not finals or unavailable[-1].start() > finals[-1].start()):
         return ParsedAnswer(status='unavailable', raw=text)
-    if finals: key = _option_line(finals[-1].group(1).strip().split('\n')[0], opts, keyed)
+    if finals:
+        first, *rest = text[finals[-1].start(1):].strip().split('\n')
+        echoed = list(itertools.takewhile(lambda l: re.match(r'\s*\(?[A-Z][.)]', l), rest))  # an option list after it
+        key = None if _names_several('\n'.join([first, *echoed]), opts, keyed) else _option_line(first, opts, keyed)
     elif len(text.split()) <= 3: key = _option_line(text, opts, keyed, first_word=False)  # the reply is just an option
     else: key = None
     return ParsedAnswer(status='ok', answer=key, raw=text) if key else ParsedAnswer(status='unparseable', raw=text)

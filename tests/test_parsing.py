@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st, settings
-from rag_lab.parsing import parse_option, parse_mirage_output, mirage_locate_answer
+from rag_lab.parsing import parse_option, parse_mirage_output, mirage_locate_answer, parse_final_answer
 from rag_lab.metrics import accuracy, bootstrap_ci, paired_bootstrap
 
 YN = {'A': 'yes', 'B': 'no', 'C': 'maybe'}
@@ -55,3 +55,20 @@ def test_paired_bootstrap_detects_a_real_difference_and_not_a_null_one():
     assert r['lo'] > 0 and r['p'] < 0.01
     with pytest.raises(ValueError, match='equal-length'): paired_bootstrap(a, b[:10])
     with pytest.raises(ValueError, match='at least one'): paired_bootstrap([], [])
+
+FORMATS = ['{k}', '{k}.', '({k})', '{k}. {v}', '{v}']
+
+@given(st.sampled_from(list(MCQ)), st.sampled_from(list(MCQ)), st.sampled_from(FORMATS), st.sampled_from(FORMATS),
+       st.sampled_from(['{a} or {b}', '{a}/{b}', '{a}, {b}', '{a}\n{b}']))
+def test_a_final_answer_naming_two_options_is_never_read_as_one(k1, k2, f1, f2, join):
+    "`FINAL ANSWER: A. yes, B. no` hedges: it must be unparseable (counted), never the first option named."
+    if k1 == k2: return
+    a, b = f1.format(k=k1, v=MCQ[k1]), f2.format(k=k2, v=MCQ[k2])
+    text = 'FINAL ANSWER: ' + join.format(a=a, b=b)
+    if join == '{a}\n{b}' and '.' not in f2 and '(' not in f2: return   # a bare second line is prose, not an option list
+    assert parse_final_answer(text, MCQ).status == 'unparseable', text
+
+@given(st.sampled_from(list(MCQ)), st.sampled_from(FORMATS), st.sampled_from(['', '.', ' because it works', ', since it works']))
+def test_a_final_answer_naming_one_option_is_read(k, fmt, tail):
+    text = 'Reasoning here. FINAL ANSWER: ' + fmt.format(k=k, v=MCQ[k]) + tail
+    assert parse_final_answer(text, MCQ).answer == k, text
