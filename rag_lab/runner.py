@@ -15,7 +15,7 @@ from .report import write_index, scorecard_text
 
 # %% auto #0
 __all__ = ['KERNEL_HASHSEED', 'RECORDED_PROFILES', 'UsageError', 'notebook_parameters', 'plan_run', 'check_out_root',
-           'destination', 'output_lock', 'progress_line', 'run_notebook', 'reproduce', 'site_command',
+           'destination', 'output_lock', 'progress_line', 'run_notebook', 'reproduce', 'site_command', 'records_table',
            'records_command', 'list_command', 'params_command', 'main']
 
 # %% ../nbs/08_runner.ipynb #4fae61f3
@@ -321,6 +321,21 @@ def site_command(out: str | None = None, # output root of the run to publish (de
     print(f"site: {index}")
     return 0
 
+# %% ../nbs/08_runner.ipynb #c7d2e5a9
+def records_table(recs: "CallRecords", # the committed records (`llm.call_records()`)
+                 ) -> pd.DataFrame: # one row per records/<slug>/<profile> folder
+    "Per folder: records, compressed MB, and the compute hours, prompt and completion tokens the recorded calls took."
+    import pandas as pd   # here, not at the top: the CLI starts without pandas
+    rows = []
+    for folder in sorted({f.parent for f in recs.root.glob('*/*/calls-*.jsonl.gz')}):
+        values = [r['value'] for r in recs.read_folder(folder.parent.name, folder.name).values()]
+        rows.append(dict(slug=folder.parent.name, profile=folder.name, records=len(values),
+                         MB=round(sum(f.stat().st_size for f in folder.glob('calls-*.jsonl.gz')) / 1e6, 2),
+                         compute_hours=round(sum(v.get('seconds') or 0 for v in values) / 3600, 2),
+                         prompt_tokens=sum(v.get('prompt_tokens') or v.get('context_tokens') or 0 for v in values),
+                         completion_tokens=sum(v.get('completion_tokens') or 0 for v in values)))
+    return pd.DataFrame(rows, columns=['slug', 'profile', 'records', 'MB', 'compute_hours', 'prompt_tokens', 'completion_tokens'])
+
 # %% ../nbs/08_runner.ipynb #fd09dae6
 def records_command(action: str, sample: int = 20, seed: int = 0) -> int:
     "`rag-lab records stats|verify|prune`."
@@ -331,6 +346,7 @@ def records_command(action: str, sample: int = 20, seed: int = 0) -> int:
         return 0
     if action == 'stats':
         files = sorted(recs.root.glob('*/*/calls-*.jsonl.gz'))
+        print(records_table(recs).to_string(index=False) + '\n')
         print(f"{len(recs)} records in {len(files)} files, {sum(f.stat().st_size for f in files) / 1e6:.1f} MB "
               f"(largest {max((f.stat().st_size for f in files), default=0) / 1e6:.2f} MB); {len(recs.tampered)} failed their checksum")
         return 0
