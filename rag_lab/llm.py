@@ -25,7 +25,7 @@ __all__ = ['EMBEDDED_MODELS', 'Messages', 'Source', 'CacheMode', 'SHARD_LIMIT', 
            'LOGPROB_TOL', 'PREFILL_CHUNK', 'BACKENDS', 'ModelError', 'LLMError', 'EmbeddedModel',
            'distribution_data_files', 'verify_model_file', 'assemble_parts', 'embedded_model_path', 'as_messages',
            'GenConfig', 'Generation', 'Score', 'Choice', 'CacheError', 'LLMCache', 'RecordsError', 'CallRecords',
-           'CallRecord', 'Ledger', 'track', 'records_mode', 'call_records', 'same_result', 'LLM', 'Recorder',
+           'CallRecord', 'Ledger', 'clock', 'track', 'records_mode', 'call_records', 'same_result', 'LLM', 'Recorder',
            'start_recording', 'recording_folder', 'finish_recording', 'prune_records', 'default_threads', 'LlamaCppLLM',
            'verify_records', 'checkpoint_fingerprint', 'TransformersLLM', 'retry_call', 'OpenAILLM', 'get_llm',
            'StructuredResult', 'chat_structured', 'benchmark']
@@ -486,34 +486,45 @@ def _write_progress(state: dict) -> None:
         os.replace(tmp, path)
     except OSError: pass  # progress is a courtesy: never fail a run over it
 
+def clock(seconds: float | None) -> str:
+    "A duration as h:mm:ss or m:ss ('?' when unknown)."
+    if seconds is None: return '?'
+    s = int(seconds); return f'{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}' if s >= 3600 else f'{s // 60}:{s % 60:02d}'
+
 def track(items: Iterable, # the items of one stage, e.g. the questions of a dataset
           desc: str, # the stage, e.g. 'pubmedqa / full pipeline'
           total: int | None = None, # default: len(items)
           ledger: Ledger | None = None, # whose calls to count (default: LEDGER)
          ) -> Iterator:
-    "Iterate over `items` with a progress bar: done/total, rate, ETA and the stage's calls (computed / replayed)."
+    """Iterate over `items` with a progress bar: done/total, rate, ETA and the stage's calls (computed / replayed).
+    The ETA assumes the items left will be computed, at the rate of the items that were (a resumed run replays its
+    first items in a blink, which would otherwise promise minutes for hours of work)."""
     from tqdm.auto import tqdm
     led = ledger if ledger is not None else LEDGER
     total = total if total is not None else (len(items) if hasattr(items, '__len__') else None)
     start, t0, last = len(led.records), time.perf_counter(), 0.0
+    n_computed = lambda: sum(r.source == 'computed' for r in led.records[start:])
+    slow_items, slow_seconds = 0, 0.0   # items that computed at least one call, and the time they took
     bar = tqdm(items, desc=desc, total=total, unit='item', dynamic_ncols=True, disable=os.environ.get('RAG_LAB_PROGRESS_BAR') == '0')
     def report(done: int, final: bool = False):
         nonlocal last
-        recs = led.records[start:]
-        computed = sum(r.source == 'computed' for r in recs)
-        bar.set_postfix_str(f'calls: {computed} computed, {len(recs) - computed} replayed', refresh=False)
+        computed, replayed = n_computed(), len(led.records) - start - n_computed()
         now = time.perf_counter()
+        el = now - t0
+        per_item = slow_seconds / slow_items if slow_items else (el / done if done else None)
+        eta = per_item * (total - done) if per_item is not None and total else None
+        bar.set_postfix_str(f'calls: {computed} computed, {replayed} replayed' + (f', ETA {clock(eta)}' if eta else ''), refresh=False)
         if final or now - last >= 1.0:
-            el = now - t0
-            eta = el / done * (total - done) if done and total else None
             _write_progress(dict(notebook=os.environ.get('RAG_LAB_NOTEBOOK', ''), stage=desc, done=done, total=total,
-                                 elapsed=round(el, 1), eta=None if eta is None else round(eta, 1), computed=computed,
-                                 replayed=len(recs) - computed, final=final))
+                                 elapsed=round(el, 1), seconds_per_item=None if per_item is None else round(per_item, 1),
+                                 eta=None if eta is None else round(eta, 1), computed=computed, replayed=replayed, final=final))
             last = now
     done = 0
     try:
         for item in bar:
+            before, t_item = n_computed(), time.perf_counter()
             yield item
+            if n_computed() > before: slow_items += 1; slow_seconds += time.perf_counter() - t_item
             done += 1; report(done)
     finally:
         report(done, final=True); bar.close()

@@ -11,7 +11,9 @@ from pathlib import Path
 from . import __version__
 from .config import PROFILES, parse_param, repo_root, out_root, scratch_root
 from .papers import CHAPTERS, PAPERS
+from .llm import clock
 from .report import write_index, scorecard_text
+import pandas as pd
 
 # %% auto #0
 __all__ = ['KERNEL_HASHSEED', 'RECORDED_PROFILES', 'UsageError', 'notebook_parameters', 'plan_run', 'check_out_root',
@@ -148,16 +150,13 @@ def _env_engine():
     return 'rag_lab'
 
 # %% ../nbs/08_runner.ipynb #14ede6b5
-def _fmt_s(s) -> str:
-    if s is None: return '?'
-    s = int(s); return f'{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}' if s >= 3600 else f'{s // 60}:{s % 60:02d}'
-
 def progress_line(slug: str, state: dict) -> str:
     "One terminal line from a kernel's progress file: stage, done/total, rate, ETA, calls computed/replayed."
     done, total, el = state.get('done', 0), state.get('total'), state.get('elapsed') or 0
-    rate = f'{el / done:.1f} s/item' if done else '-'
+    per_item = state.get('seconds_per_item', el / done if done else None)   # the kernel's rate of computed items
+    rate = f'{per_item:.1f} s/item' if per_item is not None else '-'
     return (f"  [{slug}] {state.get('stage', '?')}: {done}/{total if total is not None else '?'} items, {rate}, "
-            f"ETA {_fmt_s(state.get('eta'))} (calls: {state.get('computed', 0)} computed, {state.get('replayed', 0)} replayed)")
+            f"ETA {clock(state.get('eta'))} (calls: {state.get('computed', 0)} computed, {state.get('replayed', 0)} replayed)")
 
 def _watch(path: Path, slug: str, stop: threading.Event, every: float = 5.0) -> None:
     "Print the kernel's progress whenever it changes (at most every `every` seconds) until `stop` is set."
@@ -325,7 +324,6 @@ def site_command(out: str | None = None, # output root of the run to publish (de
 def records_table(recs: "CallRecords", # the committed records (`llm.call_records()`)
                  ) -> pd.DataFrame: # one row per records/<slug>/<profile> folder
     "Per folder: records, compressed MB, and the compute hours, prompt and completion tokens the recorded calls took."
-    import pandas as pd   # here, not at the top: the CLI starts without pandas
     rows = []
     for folder in sorted({f.parent for f in recs.root.glob('*/*/calls-*.jsonl.gz')}):
         values = [r['value'] for r in recs.read_folder(folder.parent.name, folder.name).values()]
