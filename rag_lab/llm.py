@@ -24,11 +24,11 @@ from fastcore.basics import patch
 __all__ = ['EMBEDDED_MODELS', 'Messages', 'Source', 'CacheMode', 'SHARD_LIMIT', 'API_PRICES_USD_PER_1M', 'LEDGER', 'RecordsMode',
            'LOGPROB_TOL', 'PREFILL_CHUNK', 'BACKENDS', 'ModelError', 'LLMError', 'EmbeddedModel',
            'distribution_data_files', 'verify_model_file', 'assemble_parts', 'embedded_model_path', 'as_messages',
-           'GenConfig', 'Generation', 'Score', 'Choice', 'CacheError', 'LLMCache', 'RecordsError', 'CallRecords',
-           'CallRecord', 'Ledger', 'clock', 'track', 'records_mode', 'call_records', 'same_result', 'LLM', 'Recorder',
-           'start_recording', 'recording_folder', 'finish_recording', 'prune_records', 'default_threads', 'LlamaCppLLM',
-           'verify_records', 'checkpoint_fingerprint', 'TransformersLLM', 'retry_call', 'OpenAILLM', 'get_llm',
-           'StructuredResult', 'chat_structured', 'benchmark']
+           'GenConfig', 'CallResult', 'Generation', 'Score', 'Choice', 'CacheError', 'LLMCache', 'RecordsError',
+           'CallRecords', 'CallRecord', 'Ledger', 'clock', 'track', 'records_mode', 'call_records', 'same_result',
+           'LLM', 'Recorder', 'start_recording', 'recording_folder', 'finish_recording', 'prune_records',
+           'default_threads', 'LlamaCppLLM', 'verify_records', 'checkpoint_fingerprint', 'TransformersLLM',
+           'retry_call', 'OpenAILLM', 'get_llm', 'StructuredResult', 'chat_structured', 'benchmark']
 
 # %% ../nbs/04_llm.ipynb #e4952da3
 class ModelError(RuntimeError):
@@ -161,12 +161,8 @@ class GenConfig(BaseModel):
         "A recorded request holds the schema as JSON text (see `chat_many`); read it back in its own property order."
         return json.loads(v) if isinstance(v, str) else v
 
-class Generation(BaseModel):
-    "One chat completion."
-    text: str
-    finish_reason: str | None            # 'stop', 'length', ...
-    prompt_tokens: int
-    completion_tokens: int
+class CallResult(BaseModel):
+    "What every LLM call's result carries: the compute that produced it and where this run got it from."
     seconds: float                       # compute time of the call that produced it (kept when replayed)
     backend: str
     model: str
@@ -175,18 +171,19 @@ class Generation(BaseModel):
     @property
     def cached(self) -> bool: return self.source != 'computed'
 
-class Score(BaseModel):
+class Generation(CallResult):
+    "One chat completion."
+    text: str
+    finish_reason: str | None            # 'stop', 'length', ...
+    prompt_tokens: int
+    completion_tokens: int
+
+class Score(CallResult):
     "Log-probabilities of a continuation's tokens given a context."
     tokens: list[str]
     logprobs: list[float]
     context_tokens: int
-    seconds: float
-    backend: str
-    model: str
-    source: Source = 'computed'
 
-    @property
-    def cached(self) -> bool: return self.source != 'computed'
     @property
     def n_tokens(self) -> int: return len(self.logprobs)
     @property
@@ -195,19 +192,12 @@ class Score(BaseModel):
     def perplexity(self) -> float: return math.exp(-self.total_logprob / max(self.n_tokens, 1))
 
 # %% ../nbs/04_llm.ipynb #a3f25938
-class Choice(BaseModel):
+class Choice(CallResult):
     "The log-probability of each option's continuation after one shared context: an answer chosen by scoring."
     options: list[str]                   # the continuations as scored, e.g. [' yes', ' no', ' maybe']
     logprobs: list[float]                # total log-probability of each option's tokens
     n_tokens: list[int]                  # tokens per option
     context_tokens: int
-    seconds: float
-    backend: str
-    model: str
-    source: Source = 'computed'
-
-    @property
-    def cached(self) -> bool: return self.source != 'computed'
     @property
     def index(self) -> int: return max(range(len(self.logprobs)), key=lambda i: (self.logprobs[i], -i))  # ties: the first
     @property
