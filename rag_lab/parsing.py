@@ -54,7 +54,7 @@ def _option_line(line: str, opts: dict[str, str], keyed: bool,
         if key and (said in (None, key)) and (said or m.group(2).strip().lower().startswith(opts[key].lower())): return key
         if key and said and said != key: return False
     if (key := _match_option(line, opts)) or not first_word: return key
-    starts = [k for k, v in sorted(opts.items(), key=lambda kv: -len(kv[1])) if re.match(rf'{re.escape(v)}\b', line, flags=re.I)]
+    starts = [k for k, v in sorted(opts.items(), key=lambda kv: -len(kv[1])) if re.match(rf'{re.escape(v)}(?![\w?])', line, flags=re.I)]
     return (starts[0] if starts else None) or _match_option(line.split()[0] if line.split() else '', opts)
 
 def _names_several(answer: str, opts: dict[str, str], keyed: bool) -> bool:
