@@ -65,10 +65,11 @@ def printed_tolerance(text: str | float | None, # a number as the paper prints i
 # %% ../nbs/07_report.ipynb #1237d03a
 def check_against_paper(paper: float, # the paper's value
                         ours: float, # this run's value
-                        tol: float, # OK tolerance (absolute); NaN: the printed precision of `paper_text`
+                        tol: float, # OK tolerance (absolute); NaN: the printed precision of `paper_text`; inf: not comparable
                         paper_text: str | None = None, # the paper's value as printed (for the default tolerance)
-                       ) -> str: # 'OK', 'close', 'off', or '' when a side is missing
+                       ) -> str: # 'OK', 'close', 'off'; 'n/a' when not comparable; '' when a side is missing
     "Where our number lands against the paper's: OK within tol, close within max(3 tol, 5% of |paper|), else off."
+    if tol is not None and math.isinf(tol): return 'n/a'   # e.g. a runtime on the paper's hardware: shown beside ours, never judged
     if any(x is None or (isinstance(x, float) and math.isnan(x)) for x in (paper, ours)): return ''
     if tol is None or math.isnan(tol): tol = printed_tolerance(paper_text if paper_text not in (None, '') else repr(float(paper)))
     gap = abs(float(ours) - float(paper))
@@ -317,8 +318,9 @@ def scorecard(root: Path | str | None = None, # output root holding reports/
         rdir = root / 'reports' / slug
         if not (rdir / 'run_meta.json').exists(): continue
         df = pd.concat([pd.read_csv(p) for p in _result_csvs(rdir)], ignore_index=True)
-        both = df[df.paper.notna() & df.ours.notna()]
         checks = df['check'] if 'check' in df else pd.Series(dtype=str)   # tables published before the check column have none
+        comparable = df['check'] != 'n/a' if 'check' in df else True      # 'n/a': not comparable (runtimes on other hardware)
+        both = df[df.paper.notna() & df.ours.notna() & comparable]
         exact = np.where(both.ours == 0, 0.0, np.inf)   # a paper value of 0: only an exact 0 is close
         rel = pd.Series(np.where(both.paper != 0, (both.ours - both.paper).abs() / both.paper.abs().where(both.paper != 0, 1), exact))
         m = json.loads((rdir / 'run_meta.json').read_text())
