@@ -67,9 +67,9 @@ def check_against_paper(paper: float, # the paper's value
                         ours: float, # this run's value
                         tol: float, # OK tolerance (absolute); NaN: the printed precision of `paper_text`; inf: not comparable
                         paper_text: str | None = None, # the paper's value as printed (for the default tolerance)
-                       ) -> str: # 'OK', 'close', 'off'; 'n/a' when not comparable; '' when a side is missing
+                       ) -> str: # 'OK', 'close', 'off'; 'not comparable' (tol inf); '' when a side is missing
     "Where our number lands against the paper's: OK within tol, close within max(3 tol, 5% of |paper|), else off."
-    if tol is not None and math.isinf(tol): return 'n/a'   # e.g. a runtime on the paper's hardware: shown beside ours, never judged
+    if tol is not None and math.isinf(tol): return 'not comparable'   # e.g. a runtime on the paper's hardware: shown beside ours, never judged
     if any(x is None or (isinstance(x, float) and math.isnan(x)) for x in (paper, ours)): return ''
     if tol is None or math.isnan(tol): tol = printed_tolerance(paper_text if paper_text not in (None, '') else repr(float(paper)))
     gap = abs(float(ours) - float(paper))
@@ -319,7 +319,7 @@ def scorecard(root: Path | str | None = None, # output root holding reports/
         if not (rdir / 'run_meta.json').exists(): continue
         df = pd.concat([pd.read_csv(p) for p in _result_csvs(rdir)], ignore_index=True)
         checks = df['check'] if 'check' in df else pd.Series(dtype=str)   # tables published before the check column have none
-        comparable = df['check'] != 'n/a' if 'check' in df else True      # 'n/a': not comparable (runtimes on other hardware)
+        comparable = df['check'] != 'not comparable' if 'check' in df else True   # runtimes on other hardware
         both = df[df.paper.notna() & df.ours.notna() & comparable]
         exact = np.where(both.ours == 0, 0.0, np.inf)   # a paper value of 0: only an exact 0 is close
         rel = pd.Series(np.where(both.paper != 0, (both.ours - both.paper).abs() / both.paper.abs().where(both.paper != 0, 1), exact))

@@ -52,3 +52,17 @@ def test_results_table_checks_each_row_against_the_tolerance_in_the_data(tmp_pat
                                  ('Dense-Contrastive', 'Recall@10'): 'off', ('Dense-MiniLM', 'nDCG@10'): ''}
     written = pd.read_csv(tmp_path / 'reports' / 'claim_aware' / 'table5.csv', keep_default_na=False)
     assert list(written.columns[:5]) == ['row', 'metric', 'paper', 'ours', 'check'] and 'off' in set(written.check)
+
+
+def test_runtimes_on_the_papers_hardware_are_shown_but_never_judged(tmp_path):
+    "claim_aware Table 9 (tol inf): check 'not comparable' survives the CSV round trip, and the scorecard leaves the row out."
+    from rag_lab.config import RunInfo
+    from rag_lab.report import Results, scorecard
+    ours = pd.DataFrame([('BM25 retrieval (300 queries, top-200)', 'Time (s)', 0.13)], columns=['row', 'metric', 'ours'])
+    res = Results(RunInfo(slug='claim_aware', profile='smoke', params=dict(seed=1), git_commit='-', started='-', packages={}), out_dir=tmp_path)
+    assert res.table('table9', ours, paper_rows='matched').check.tolist() == ['not comparable']
+    res.finish()
+    written = pd.read_csv(tmp_path / 'reports' / 'claim_aware' / 'table9.csv')
+    assert written.check.tolist() == ['not comparable']          # not read back as NaN, unlike 'n/a'
+    sc = scorecard(tmp_path).set_index('paper').loc['claim_aware']
+    assert (sc.paper_cells, sc.compared, sc.ok_close_off) == (1, 0, '0/0/0')
