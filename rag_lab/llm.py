@@ -948,8 +948,8 @@ def _llm_for(request: dict, cache_dir_: Path) -> 'LLM | None':
 def verify_records(sample: int = 20, # records to recompute
                    seed: int = 0, # which random sample
                    records: CallRecords | None = None,
-                  ) -> pd.DataFrame: # one row per recomputed call: kind, agree, largest log-probability difference
-    "Recompute a random sample of recorded calls and compare each with its record (`same_result`)."
+                  ) -> pd.DataFrame: # one row per recomputed call: kind, agree, largest log-probability difference, seconds now and recorded
+    "Recompute a random sample of recorded calls and compare each with its record (`same_result`); time each against its record."
     records = records if records is not None else call_records()
     keys = sorted(records._load())
     picked = random.Random(seed).sample(keys, min(sample, len(keys)))
@@ -958,7 +958,8 @@ def verify_records(sample: int = 20, # records to recompute
         rec = records._load()[k]; req = rec['request']
         llm = _llm_for(req, tmp)
         if llm is None:
-            rows.append(dict(key=k[:12], kind=req['kind'], agree=True, max_abs_diff=float('nan'), note='not recomputable here (remote or unknown model)')); continue
+            rows.append(dict(key=k[:12], kind=req['kind'], agree=True, max_abs_diff=float('nan'), seconds=float('nan'),
+                             recorded_seconds=rec['value'].get('seconds'), note='not recomputable here (remote or unknown model)')); continue
         t0 = time.perf_counter()
         if req['kind'] == 'chat':
             cfg = {f: req[f] for f in GenConfig.model_fields if f in req}
@@ -968,8 +969,8 @@ def verify_records(sample: int = 20, # records to recompute
         old = rec['value']
         diff = max((abs(a - b) for a, b in zip(new.get('logprobs', []), old.get('logprobs', []))), default=0.0)
         rows.append(dict(key=k[:12], kind=req['kind'], agree=same_result(req['kind'], new, old), max_abs_diff=diff,
-                         note=f'{time.perf_counter() - t0:.1f} s'))
-    return pd.DataFrame(rows, columns=['key', 'kind', 'agree', 'max_abs_diff', 'note'])
+                         seconds=round(time.perf_counter() - t0, 2), recorded_seconds=old.get('seconds'), note=''))
+    return pd.DataFrame(rows, columns=['key', 'kind', 'agree', 'max_abs_diff', 'seconds', 'recorded_seconds', 'note'])
 
 # %% ../nbs/04_llm.ipynb #6f933c9c
 def checkpoint_fingerprint(path: Path | str, # a checkpoint folder (or a single weights file)

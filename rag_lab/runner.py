@@ -351,6 +351,9 @@ def records_command(action: str, sample: int = 20, seed: int = 0) -> int:
     v = verify_records(sample, seed, recs)
     print(v.to_string(index=False))
     bad = int((~v.agree).sum())
+    timed = v.dropna(subset=['seconds', 'recorded_seconds'])
+    if len(timed): print(f"\nrecomputed in {timed.seconds.sum():.0f} s; their records say {timed.recorded_seconds.sum():.0f} s "
+                         f"(ratio {timed.seconds.sum() / max(timed.recorded_seconds.sum(), 1e-9):.2f})")
     print(f"\n{len(v) - bad}/{len(v)} recomputed calls agree with their records"
           + (f"; {len(recs.tampered)} tampered line(s) were not replayed" if recs.tampered else ''))
     return 1 if bad else 0
