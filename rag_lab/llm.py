@@ -498,7 +498,8 @@ def track(items: Iterable, # the items of one stage, e.g. the questions of a dat
     bar = tqdm(items, desc=desc, total=total, unit='item', dynamic_ncols=True, disable=os.environ.get('RAG_LAB_PROGRESS_BAR') == '0')
     def report(done: int, final: bool = False):
         nonlocal last
-        computed, replayed = n_computed(), len(led.records) - start - n_computed()
+        computed = n_computed()
+        replayed = len(led.records) - start - computed
         now = time.perf_counter()
         el = now - t0
         per_item = slow_seconds / slow_items if slow_items else (el / done if done else None)

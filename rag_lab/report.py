@@ -69,8 +69,8 @@ def check_against_paper(paper: float, # the paper's value
                         paper_text: str | None = None, # the paper's value as printed (for the default tolerance)
                        ) -> str: # 'OK', 'close', 'off'; 'not comparable' (tol inf); '' when a side is missing
     "Where our number lands against the paper's: OK within tol, close within max(3 tol, 5% of |paper|), else off."
-    if tol is not None and math.isinf(tol): return 'not comparable'   # e.g. a runtime on the paper's hardware: shown beside ours, never judged
     if any(x is None or (isinstance(x, float) and math.isnan(x)) for x in (paper, ours)): return ''
+    if tol is not None and math.isinf(tol): return 'not comparable'   # e.g. a runtime on the paper's hardware: shown beside ours, never judged
     if tol is None or math.isnan(tol): tol = printed_tolerance(paper_text if paper_text not in (None, '') else repr(float(paper)))
     gap = abs(float(ours) - float(paper))
     if gap <= tol * (1 + 1e-9): return 'OK'
