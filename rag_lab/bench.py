@@ -6,8 +6,8 @@
 from __future__ import annotations
 import json, os, platform, time
 from pathlib import Path
-from .config import out_root
-from .report import atomic_write_text, markdown_table
+from .config import atomic_write_text, out_root
+from .report import markdown_table
 from .data import load_scifact_beir, scifact_corpus
 from .retrieval import BM25Index, RankBM25Index, same_rankings
 from typing import Sequence

@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_config.ipynb #2968b1a6
 from __future__ import annotations
-import os, sys, json, time, random, platform, subprocess, hashlib
+import os, sys, json, time, random, platform, subprocess, hashlib, tempfile
 from pathlib import Path
 from datetime import datetime, timezone
 from importlib import metadata
@@ -14,9 +14,10 @@ from .papers import PAPERS, get_paper
 
 # %% auto #0
 __all__ = ['DEFAULT_SEED', 'SEED_MAX', 'PROFILES', 'Backend', 'DEFAULT_GENERATOR', 'SMOKE_LLM', 'repo_root', 'data_root',
-           'cache_dir', 'out_root', 'scratch_root', 'seed_everything', 'quiet_loading', 'comma_list_of',
-           'NotebookParams', 'LLMParams', 'param_schema', 'resolve_params', 'parse_param', 'package_versions',
-           'git_commit', 'file_sha256', 'RunInfo', 'run_params', 'injected_parameters', 'notebook_params']
+           'cache_dir', 'out_root', 'scratch_root', 'atomic_write_bytes', 'atomic_write_text', 'seed_everything',
+           'quiet_loading', 'comma_list_of', 'NotebookParams', 'LLMParams', 'param_schema', 'resolve_params',
+           'parse_param', 'package_versions', 'git_commit', 'file_sha256', 'RunInfo', 'run_params',
+           'injected_parameters', 'notebook_params']
 
 # %% ../nbs/00_config.ipynb #55ea4637
 def repo_root(start: Path | str | None = None, # where to start looking (default: the working directory)
@@ -57,6 +58,26 @@ def scratch_root(profile: str, # the run's profile, part of the folder name
     p, i = base, 1
     while p.exists(): p, i = base.with_name(f'{base.name}.{i}'), i + 1   # two runs in the same second
     return p
+
+# %% ../nbs/00_config.ipynb #1ea486a9
+def atomic_write_bytes(path: Path | str, # the file to (re)write; its folder is created
+                       data: bytes,
+                      ) -> Path:
+    "Write `data` to `path` through a temp file of this writer's own in the same folder, then rename it into place."
+    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.')
+    try:
+        with os.fdopen(fd, 'wb') as f: f.write(data)
+        umask = os.umask(0); os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)   # mkstemp makes files 0600; give the permissions a plain `open` would
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True); raise
+    return path
+
+def atomic_write_text(path: Path | str, text: str) -> Path:
+    "`atomic_write_bytes` of `text` in UTF-8."
+    return atomic_write_bytes(path, text.encode('utf-8'))
 
 # %% ../nbs/00_config.ipynb #0ccaffd4
 DEFAULT_SEED = 42

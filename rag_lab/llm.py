@@ -4,7 +4,7 @@
 
 # %% ../nbs/04_llm.ipynb #5497267f
 from __future__ import annotations
-import ast, atexit, gzip, hashlib, io, json, math, os, random, re, sqlite3, tempfile, threading, time, weakref
+import ast, atexit, ctypes, gzip, hashlib, io, json, math, os, random, re, sqlite3, tempfile, threading, time, weakref
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from .config import DEFAULT_GENERATOR, LLMParams, cache_dir, file_sha256, quiet_loading, repo_root
+from .config import DEFAULT_GENERATOR, LLMParams, atomic_write_bytes, atomic_write_text, cache_dir, file_sha256, quiet_loading, repo_root
 from .data import RateLimiter
 from .parsing import ParsedAnswer, extract_json
 import numpy as np
@@ -27,8 +27,9 @@ __all__ = ['EMBEDDED_MODELS', 'Messages', 'Source', 'CacheMode', 'SHARD_LIMIT', 
            'GenConfig', 'CallResult', 'Generation', 'Score', 'Choice', 'CacheError', 'LLMCache', 'RecordsError',
            'CallRecords', 'CallRecord', 'Ledger', 'clock', 'track', 'records_mode', 'call_records', 'same_result',
            'LLM', 'Recorder', 'start_recording', 'recording_folder', 'finish_recording', 'prune_records',
-           'default_threads', 'LlamaCppLLM', 'verify_records', 'checkpoint_fingerprint', 'TransformersLLM',
-           'retry_call', 'OpenAILLM', 'get_llm', 'StructuredResult', 'chat_structured', 'benchmark']
+           'default_threads', 'GreedyGrammarSampler', 'use_greedy_grammar_sampler', 'LlamaCppLLM', 'verify_records',
+           'checkpoint_fingerprint', 'TransformersLLM', 'retry_call', 'OpenAILLM', 'get_llm', 'StructuredResult',
+           'chat_structured', 'benchmark']
 
 # %% ../nbs/04_llm.ipynb #e4952da3
 class ModelError(RuntimeError):
@@ -384,7 +385,7 @@ def _write_shards(d: Path, recs: dict[str, dict]) -> None:
     for s, b in sorted(blobs.items()):
         p = d / f'calls-{s}.jsonl.gz'; stale.discard(p)
         if p.exists() and p.read_bytes() == b: continue
-        tmp = p.with_name(f'.{p.name}.{os.getpid()}.tmp'); tmp.write_bytes(b); os.replace(tmp, p)
+        atomic_write_bytes(p, b)
     for p in stale: p.unlink()
 
 # %% ../nbs/04_llm.ipynb #3e95e876
@@ -470,10 +471,7 @@ LEDGER = Ledger()
 def _write_progress(state: dict) -> None:
     "Write the stage's progress to $RAG_LAB_PROGRESS (if set) atomically, for `rag-lab reproduce` to display."
     if not (path := os.environ.get('RAG_LAB_PROGRESS', '').strip()): return
-    tmp = f'{path}.{os.getpid()}.tmp'
-    try:
-        with open(tmp, 'w') as f: json.dump(state, f)
-        os.replace(tmp, path)
+    try: atomic_write_text(path, json.dumps(state))
     except OSError: pass  # progress is a courtesy: never fail a run over it
 
 def clock(seconds: float | None) -> str:
@@ -796,6 +794,7 @@ def _load_llama(path: str, n_ctx: int, n_threads: int):
     try: m = Llama(model_path=path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, verbose=False)
     except Exception as e: raise ModelError(f"llama.cpp could not load {path}: {e}") from None
     _OPEN_LLAMAS.add(m)
+    use_greedy_grammar_sampler(m)
     return m
 
 @atexit.register
@@ -803,6 +802,73 @@ def _close_llamas():
     "Free loaded models before interpreter teardown, where llama-cpp-python's own finalizers fail with a traceback."
     for m in list(_OPEN_LLAMAS): m.close()
     _load_llama.cache_clear()
+
+# %% ../nbs/04_llm.ipynb #96476414
+class GreedyGrammarSampler:
+    "Greedy decoding under a grammar: asks the grammar about the best tokens first, masks the whole vocabulary only if needed."
+    def __init__(self, llama, # a `llama_cpp.Llama`
+                 grammar, # a `llama_cpp.LlamaGrammar` (what JSON mode compiles a schema to)
+                 shortlist: int = 64, # tokens tried, best first, once the top one is refused
+                ):
+        import llama_cpp
+        self._c, self.n_vocab, self.shortlist = llama_cpp, llama.n_vocab(), shortlist
+        self.grammar = llama_cpp.llama_sampler_init_grammar(llama._model.vocab, grammar._grammar.encode(), grammar._root.encode())
+        if not self.grammar: raise LLMError(f"llama.cpp could not compile the grammar (root {grammar._root!r})")
+        self.tokens = self.full_masks = 0   # tokens decoded; of them, those that needed the whole vocabulary masked
+
+    def _apply(self, data, n: int) -> None:
+        "Let the grammar set the logit of every token it refuses (in its current state) to -inf."
+        c = self._c
+        arr = c.llama_token_data_array(data=ctypes.cast(data, c.llama_token_data_p), size=n, selected=-1, sorted=False)
+        c.llama_sampler_apply(self.grammar, ctypes.byref(arr))
+
+    def _first_allowed(self, logits: np.ndarray, ids: np.ndarray) -> int | None:
+        "The first of `ids` the grammar allows (None if it allows none of them)."
+        cand = (self._c.llama_token_data * len(ids))(*[(int(t), float(logits[t]), 0.0) for t in ids])
+        self._apply(cand, len(ids))
+        return next((int(ids[i]) for i in range(len(ids)) if cand[i].logit != -math.inf), None)
+
+    def _masked_argmax(self, logits: np.ndarray) -> int:
+        "What llama.cpp's own chain does: mask every token, take the first maximum."
+        self.full_masks += 1
+        full = np.zeros(self.n_vocab, dtype=[('id', np.int32), ('logit', np.float32), ('p', np.float32)])
+        full['id'], full['logit'] = np.arange(self.n_vocab), logits
+        self._apply(full.ctypes.data, self.n_vocab)
+        return int(np.argmax(full['logit']))
+
+    def sample(self, ctx, # llama-cpp-python's context wrapper (what `Llama.sample` passes)
+               idx: int = -1, # the logits row
+              ) -> int:
+        "The token greedy decoding over the grammar-masked vocabulary picks; the grammar advances past it."
+        logits = np.ctypeslib.as_array(self._c.llama_get_logits_ith(ctx.ctx, idx), shape=(self.n_vocab,))
+        self.tokens += 1
+        tok = self._first_allowed(logits, np.array([np.argmax(logits)]))   # greedy's own pick (the first maximum)
+        if tok is None:
+            top = np.argpartition(-logits, self.shortlist)[:self.shortlist]
+            top = top[np.lexsort((top, -logits[top]))]   # best first; equal logits by id, as greedy breaks ties
+            tok = self._first_allowed(logits, top)
+            # every token outside the shortlist has a logit <= its last one: only a pick strictly above that is surely best
+            if tok is None or not logits[tok] > logits[top[-1]]: tok = self._masked_argmax(logits)
+        self._c.llama_sampler_accept(self.grammar, tok)
+        return tok
+
+    def close(self) -> None:
+        if self.grammar: self._c.llama_sampler_free(self.grammar); self.grammar = None
+    def __del__(self): self.close()
+
+# %% ../nbs/04_llm.ipynb #1ae0c359
+def use_greedy_grammar_sampler(llama, # a `llama_cpp.Llama`; `llama.greedy_grammar_first = False` switches back
+                              ) -> None:
+    "Decode `llama`'s greedy grammar-constrained calls with `GreedyGrammarSampler`; every other call keeps llama.cpp's chain."
+    own = llama._init_sampler
+    def init_sampler(**kw):
+        plain_greedy = (kw.get('temp') == 0 and not kw.get('logits_processor') and kw.get('repeat_penalty', 1.0) == 1.0
+                        and not kw.get('frequency_penalty') and not kw.get('presence_penalty'))   # penalties would change logits
+        if kw.get('grammar') is not None and plain_greedy and llama.greedy_grammar_first:
+            llama.last_grammar_sampler = GreedyGrammarSampler(llama, kw['grammar'])
+            return llama.last_grammar_sampler
+        return own(**kw)
+    llama._init_sampler, llama.greedy_grammar_first = init_sampler, True
 
 # %% ../nbs/04_llm.ipynb #5a0bb0dd
 class LlamaCppLLM(LLM):

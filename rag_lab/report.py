@@ -9,17 +9,17 @@ from pathlib import Path
 from importlib import resources
 import numpy as np
 import pandas as pd
-from .config import NotebookParams, RunInfo, notebook_params, out_root, run_params, scratch_root
+import io
+from .config import NotebookParams, RunInfo, atomic_write_bytes, atomic_write_text, notebook_params, out_root, run_params, scratch_root
 from .papers import CHAPTERS, PAPERS
 from .llm import LEDGER, finish_recording, recording_folder, start_recording
 from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['PAPER_SLUGS', 'RESULT_COLUMNS', 'ITEM_COLUMNS', 'INDEX_MAX_ROWS', 'MATHJAX_PACKAGE', 'parse_reported', 'paper_table',
-           'printed_tolerance', 'check_against_paper', 'atomic_write_text', 'markdown_table', 'with_delta',
-           'without_wall_time', 'table_digests', 'Results', 'start_run', 'start_notebook', 'set_style', 'scorecard',
-           'scorecard_text', 'rounded_for_reading', 'write_index', 'local_mathjax', 'item_browser', 'site_sources',
-           'build_site']
+           'printed_tolerance', 'check_against_paper', 'markdown_table', 'with_delta', 'without_wall_time',
+           'table_digests', 'Results', 'start_run', 'start_notebook', 'set_style', 'scorecard', 'scorecard_text',
+           'rounded_for_reading', 'write_index', 'local_mathjax', 'item_browser', 'site_sources', 'build_site']
 
 # %% ../nbs/07_report.ipynb #ca90c1a0
 PAPER_SLUGS = tuple(PAPERS)   # from the registry: the papers in their order
@@ -77,23 +77,6 @@ def check_against_paper(paper: float, # the paper's value
     return 'close' if gap <= max(3 * tol, 0.05 * abs(float(paper))) else 'off'
 
 # %% ../nbs/07_report.ipynb #2bd3fdf1
-def _publish(tmp: str, dest: Path) -> None:
-    "Move a finished temp file to `dest` with the permissions a plain `open` gives (mkstemp makes files 0600)."
-    umask = os.umask(0); os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    os.replace(tmp, dest)
-
-def atomic_write_text(path: Path, text: str) -> Path:
-    "Write `text` to `path` via a temp file in the same folder, so readers never see half a file."
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.')
-    try:
-        with os.fdopen(fd, 'w', encoding='utf-8') as f: f.write(text)
-        _publish(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True); raise
-    return path
-
 def _fmt(x, digits: int = 4) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)): return ''
     if isinstance(x, (int, np.integer)): return str(x)
@@ -158,11 +141,10 @@ class Results:
         "Save `fig` as `figures/<slug>/<name>.png` (150 dpi) and `.pdf`; returns the PNG path."
         self.figure_dir.mkdir(parents=True, exist_ok=True)
         for ext in ('png', 'pdf'):
-            fd, tmp = tempfile.mkstemp(dir=self.figure_dir, suffix=f'.{ext}')
-            os.close(fd)
+            buf = io.BytesIO()
             # no creation date in the PDF: a rerun with the same numbers rewrites identical bytes
-            fig.savefig(tmp, dpi=150, bbox_inches='tight', metadata={'CreationDate': None} if ext == 'pdf' else None)
-            _publish(tmp, self.figure_dir / f'{name}.{ext}')
+            fig.savefig(buf, format=ext, dpi=150, bbox_inches='tight', metadata={'CreationDate': None} if ext == 'pdf' else None)
+            atomic_write_bytes(self.figure_dir / f'{name}.{ext}', buf.getvalue())
         self.figures.append(name)
         return self.figure_dir / f'{name}.png'
 

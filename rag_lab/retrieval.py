@@ -4,13 +4,13 @@
 
 # %% ../nbs/05_retrieval.ipynb #efdd1b20
 from __future__ import annotations
-import hashlib, json, math, re, time
+import hashlib, io, json, math, re, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
-from .config import cache_dir, quiet_loading
+from .config import atomic_write_bytes, cache_dir, quiet_loading
 from .data import load_scifact_beir, load_scifact_corpus
 from .text import Corpus, TOKEN_PATTERN, jaccard, tokenize
 from fastcore.basics import patch
@@ -283,7 +283,8 @@ def cached_encode(encoder, # anything with `name` and `encode(texts, is_query)`
     p = cache_dir('embeddings') / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', encoder.name)}-{h.hexdigest()[:24]}.npy"
     if p.exists(): return np.load(p)
     emb = encoder.encode(list(texts), is_query=is_query)
-    tmp = p.with_suffix('.tmp.npy'); np.save(tmp, emb); tmp.replace(p)
+    buf = io.BytesIO(); np.save(buf, emb)
+    atomic_write_bytes(p, buf.getvalue())   # two runs encoding the same texts at once each write a whole file
     return emb
 
 class DenseIndex:

@@ -506,3 +506,34 @@ def test_a_records_request_reproduces_its_json_schema_output(tmp_path):
     cfg = {f: stored[f] for f in GenConfig.model_fields if f in stored}
     assert list(GenConfig(**cfg).json_schema['properties']) == ['relevant', 'support', 'logical']
     assert smol.chat(stored['messages'], **cfg, cache='off').text == first.text
+
+
+# ---------------------------------------------------------------- greedy decoding under a grammar
+def test_greedy_grammar_sampler_decodes_the_same_tokens_as_llama_cpp(tmp_path):
+    "The shortlist-first sampler is an optimisation only: on the papers' own schemas it writes llama.cpp's exact tokens."
+    from rag_lab.papers.verirag import ClaimFeatures, ProbeAnswer, selfrag_schema
+    from rag_lab.papers.pubmed_reasoner import Critique
+    llm = LlamaCppLLM(QWEN, n_threads=1, cache=LLMCache(tmp_path / 'calls.sqlite'), ledger=Ledger())
+    ll = llm.llama
+    asks = [(ClaimFeatures, 'Describe the claim "Statins lower LDL cholesterol by 30% in adults" as JSON.'),
+            (ProbeAnswer, 'Does aspirin reduce fever? Answer as JSON with a one-sentence justification.'),
+            (Critique, 'Critique the PubMed search terms 1. aspirin 2. fever 3. children for "does aspirin reduce fever '
+                       'in children?" as JSON.'),
+            (selfrag_schema(2), 'Passage 1: aspirin inhibits COX. Passage 2: the sky is blue. Critique each passage for '
+                                'the claim "aspirin lowers fever" as JSON.')]
+    masks = tokens = 0
+    for schema, q in asks:
+        ask = dict(messages=[{'role': 'user', 'content': q}], temperature=0, max_tokens=64, seed=0,
+                   response_format={'type': 'json_object', 'schema': schema.model_json_schema()})
+        out = {}
+        for first in (True, False):
+            ll.greedy_grammar_first = first; ll.reset()
+            out[first] = ll.create_chat_completion(**ask)['choices'][0]['message']['content']
+        ll.greedy_grammar_first = True
+        assert out[True] == out[False], schema.__name__
+        masks += ll.last_grammar_sampler.full_masks; tokens += ll.last_grammar_sampler.tokens
+    assert tokens > 150 and masks < tokens / 3, (masks, tokens)   # the point of it: most tokens skip the full mask
+    # the library path uses it: a structured call decodes with this sampler
+    ll.last_grammar_sampler = None
+    r = chat_structured(llm, 'Does aspirin reduce fever? Answer as JSON.', ProbeAnswer, max_tokens=48)
+    assert ll.last_grammar_sampler is not None and ll.last_grammar_sampler.tokens > 0, r

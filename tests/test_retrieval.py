@@ -181,3 +181,24 @@ def test_cross_encoder_backends_agree(tiny_cross_encoder, corpus):
 
 def test_unknown_cross_encoder_backend(corpus):
     with pytest.raises(ValueError, match='unknown cross-encoder backend'): CrossEncoderReranker('x', corpus, backend='onnx')
+
+# --- concurrent runs share the embedding cache ------------------------------------------------------------------
+def test_runs_encoding_the_same_texts_at_once_all_get_the_embeddings(tmp_path, monkeypatch):
+    "Two notebooks running in parallel (the determinism test does this) once crashed renaming one shared temp file."
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    from rag_lab.retrieval import cached_encode
+    monkeypatch.setenv('RAG_LAB_CACHE', str(tmp_path))
+    writers = 6
+    together = threading.Barrier(writers)
+    class SlowEncoder:
+        name = 'fake/encoder'
+        def encode(self, texts, is_query=False):
+            together.wait(timeout=60)   # every writer misses the cache, then all write the same entry at once
+            return np.full((len(texts), 50_000), 0.5, dtype=np.float32)
+    texts = [f'text {i}' for i in range(40)]
+    with ThreadPoolExecutor(writers) as ex: got = list(ex.map(lambda _: cached_encode(SlowEncoder(), texts), range(writers)))
+    assert all(g.shape == (40, 50_000) and (g == 0.5).all() for g in got)
+    files = sorted(p.name for p in (tmp_path / 'embeddings').iterdir())
+    assert len(files) == 1 and files[0].startswith('fake_encoder-') and files[0].endswith('.npy')   # no temp file left
+    np.testing.assert_array_equal(cached_encode(SlowEncoder(), texts), got[0])   # a cache hit: encode is not called again
