@@ -85,3 +85,28 @@ def test_smoke_records_replay_on_a_clean_checkout_to_the_recorded_tables(tmp_pat
         assert meta['llm_calls']['computed'] == 0, (slug, meta['llm_calls'])
         recorded = dict(reversed(l.split('  ', 1)) for l in (clone / 'records' / slug / 'smoke' / 'tables.sha256').read_text().splitlines())
         assert table_digests(out / 'reports' / slug) == recorded, slug
+
+
+# default-profile chapters whose replay takes about a minute (rag2's needs ~20 min of retrieval: left to `make reproduce`)
+QUICK_DEFAULT_REPLAYS = ('reason_verify',)
+
+
+@pytest.mark.parametrize('slug', QUICK_DEFAULT_REPLAYS)
+def test_default_records_replay_on_a_clean_checkout_to_the_published_tables(tmp_path, slug):
+    "The published default run of an LLM chapter replays on a fresh clone, computing no call, to its published tables."
+    from rag_lab.report import table_digests
+    clone = tmp_path / 'clone'
+    subprocess.run(['git', 'clone', '-q', str(REPO), str(clone)], check=True)
+    digests = clone / 'records' / slug / 'default' / 'tables.sha256'
+    if not digests.exists(): pytest.fail(f"no committed {digests.relative_to(clone)}: publish with `rag-lab reproduce --only {slug} --record`")
+    env = {k: v for k, v in os.environ.items() if k not in ('IN_TEST', 'RAG_LAB_RECORDS', 'RAG_LAB_OUT')} | dict(
+        PYTHONPATH=str(clone), RAG_LAB_LLM_CACHE='off', RAG_LAB_CACHE=os.environ.get('RAG_LAB_CACHE', str(REPO / '.cache')))
+    out = tmp_path / 'out'
+    p = subprocess.run([str(BIN / 'rag-lab'), 'reproduce', '--only', slug, '--out', str(out), '--no-progress'],
+                       cwd=clone, env=env, capture_output=True, text=True, timeout=1800)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    meta = json.loads((out / 'reports' / slug / 'run_meta.json').read_text())
+    assert meta['profile'] == 'default' and meta['llm_calls']['computed'] == 0, meta['llm_calls']
+    recorded = dict(reversed(l.split('  ', 1)) for l in digests.read_text().splitlines())
+    assert table_digests(out / 'reports' / slug) == recorded
+    assert table_digests(clone / 'reports' / slug) == recorded   # and the committed tables are those of the records
