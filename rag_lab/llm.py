@@ -800,7 +800,9 @@ def _load_llama(path: str, n_ctx: int, n_threads: int):
 @atexit.register
 def _close_llamas():
     "Free loaded models before interpreter teardown, where llama-cpp-python's own finalizers fail with a traceback."
-    for m in list(_OPEN_LLAMAS): m.close()
+    for m in list(_OPEN_LLAMAS):
+        m._sampler = m.last_grammar_sampler = None   # a grammar sampler is freed before the vocabulary it points to
+        m.close()
     _load_llama.cache_clear()
 
 # %% ../nbs/04_llm.ipynb #96476414
@@ -868,7 +870,7 @@ def use_greedy_grammar_sampler(llama, # a `llama_cpp.Llama`; `llama.greedy_gramm
             llama.last_grammar_sampler = GreedyGrammarSampler(llama, kw['grammar'])
             return llama.last_grammar_sampler
         return own(**kw)
-    llama._init_sampler, llama.greedy_grammar_first = init_sampler, True
+    llama._init_sampler, llama.greedy_grammar_first, llama.last_grammar_sampler = init_sampler, True, None
 
 # %% ../nbs/04_llm.ipynb #5a0bb0dd
 class LlamaCppLLM(LLM):
