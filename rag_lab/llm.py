@@ -838,11 +838,9 @@ class GreedyGrammarSampler:
         self._apply(full.ctypes.data, self.n_vocab)
         return int(np.argmax(full['logit']))
 
-    def sample(self, ctx, # llama-cpp-python's context wrapper (what `Llama.sample` passes)
-               idx: int = -1, # the logits row
-              ) -> int:
-        "The token greedy decoding over the grammar-masked vocabulary picks; the grammar advances past it."
-        logits = np.ctypeslib.as_array(self._c.llama_get_logits_ith(ctx.ctx, idx), shape=(self.n_vocab,))
+    def pick(self, logits: np.ndarray, # one row of logits, n_vocab long
+            ) -> int:
+        "The token greedy decoding over the grammar-masked vocabulary picks, in the grammar's current state."
         self.tokens += 1
         tok = self._first_allowed(logits, np.array([np.argmax(logits)]))   # greedy's own pick (the first maximum)
         if tok is None:
@@ -851,6 +849,13 @@ class GreedyGrammarSampler:
             tok = self._first_allowed(logits, top)
             # every token outside the shortlist has a logit <= its last one: only a pick strictly above that is surely best
             if tok is None or not logits[tok] > logits[top[-1]]: tok = self._masked_argmax(logits)
+        return tok
+
+    def sample(self, ctx, # llama-cpp-python's context wrapper (what `Llama.sample` passes)
+               idx: int = -1, # the logits row
+              ) -> int:
+        "`pick` on the model's logits; the grammar then advances past the token."
+        tok = self.pick(np.ctypeslib.as_array(self._c.llama_get_logits_ith(ctx.ctx, idx), shape=(self.n_vocab,)))
         self._c.llama_sampler_accept(self.grammar, tok)
         return tok
 

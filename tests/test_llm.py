@@ -1,7 +1,9 @@
 "Tests of rag_lab.llm: the three backends, model verification, the call cache, structured output and parsers."
 import json, math, multiprocessing as mp, os, shutil, socket, sqlite3, subprocess, sys, time, urllib.request
 from pathlib import Path
+import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 from conftest import build_tiny_checkpoint
@@ -537,3 +539,44 @@ def test_greedy_grammar_sampler_decodes_the_same_tokens_as_llama_cpp(tmp_path):
     ll.last_grammar_sampler = None
     r = chat_structured(llm, 'Does aspirin reduce fever? Answer as JSON.', ProbeAnswer, max_tokens=48)
     assert ll.last_grammar_sampler is not None and ll.last_grammar_sampler.tokens > 0, r
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1), state=st.sampled_from(['', '{"a": "']),
+       case=st.sampled_from(['top allowed', 'tie among allowed', 'beyond shortlist', 'tie at the shortlist edge', 'nothing allowed']))
+def test_greedy_grammar_pick_is_the_masked_argmax_even_with_ties(smol, seed, state, case):
+    "Whatever the logits (ties, the best allowed token far down, none allowed), the pick is the first maximum after masking."
+    from llama_cpp import LlamaGrammar, llama_sampler_accept
+    from rag_lab.llm import GreedyGrammarSampler
+    g = LlamaGrammar.from_json_schema(json.dumps({'type': 'object', 'properties': {'a': {'type': 'string'}}, 'required': ['a']}), verbose=False)
+    s = GreedyGrammarSampler(smol.llama, g)
+    for t in smol.llama.tokenize(state.encode(), add_bos=False, special=False): llama_sampler_accept(s.grammar, t)
+    n, rng = s.n_vocab, np.random.default_rng(seed)
+    allowed = np.flatnonzero(_allowed_mask(s, np.zeros(n, dtype=np.float32)))   # start: 2 tokens; in a string: most of them
+    refused = np.setdiff1d(np.arange(n), allowed)
+    logits = rng.normal(0, 1, n).astype(np.float32)
+    if case == 'tie among allowed':      # the best refused token on top; several allowed ones share the next value
+        logits[rng.choice(refused)] = 10; logits[rng.choice(allowed, min(3, len(allowed)), replace=False)] = 9
+    elif case == 'beyond shortlist':     # 200 refused tokens above every allowed one
+        logits[allowed] -= 20; logits[rng.choice(refused, 200, replace=False)] = 5
+    elif case == 'tie at the shortlist edge':   # hundreds of tokens share the value at the shortlist's last place
+        logits[rng.choice(refused, 10, replace=False)] = 10
+        logits[rng.choice(refused, 100, replace=False)] = 3
+        logits[rng.choice(allowed, min(300, len(allowed)), replace=False)] = 3
+        logits[(logits > 3) & (logits < 10)] = 2
+    elif case == 'nothing allowed':      # every allowed token at -inf: llama.cpp then takes the first maximum, token 0
+        logits[allowed] = -np.inf
+    assert s.pick(logits.copy()) == _masked_reference(s, logits), case
+    s.close()
+
+
+def _allowed_mask(s, logits):
+    full = np.zeros(s.n_vocab, dtype=[('id', np.int32), ('logit', np.float32), ('p', np.float32)])
+    full['id'], full['logit'] = np.arange(s.n_vocab), logits
+    s._apply(full.ctypes.data, s.n_vocab)
+    return full['logit'] != -np.inf
+
+
+def _masked_reference(s, logits):
+    "llama.cpp's own chain: grammar over the whole vocabulary, then greedy (the first maximum)."
+    return int(np.argmax(np.where(_allowed_mask(s, logits), logits, -np.inf)))
