@@ -17,8 +17,8 @@ import pandas as pd
 
 # %% auto #0
 __all__ = ['KERNEL_HASHSEED', 'RECORDED_PROFILES', 'UsageError', 'notebook_parameters', 'plan_run', 'check_out_root',
-           'destination', 'output_lock', 'progress_line', 'run_notebook', 'reproduce', 'site_command', 'records_table',
-           'records_command', 'list_command', 'params_command', 'main']
+           'destination', 'output_lock', 'progress_line', 'run_notebook', 'longest_first', 'reproduce', 'site_command',
+           'records_table', 'records_command', 'list_command', 'params_command', 'main']
 
 # %% ../nbs/08_runner.ipynb #4fae61f3
 class UsageError(ValueError):
@@ -238,6 +238,16 @@ def _parser() -> argparse.ArgumentParser:
     rc.add_argument('--seed', type=int, default=0, help='verify: which random sample')
     return ap
 
+# %% ../nbs/08_runner.ipynb #bd09b6d7
+def longest_first(slugs: list[str], # chapters that may run side by side
+                  profile: str, # whose records to weigh them by
+                 ) -> list[str]: # the same slugs, most recorded compute first (equal ones keep their order)
+    "The order in which `--jobs N` starts chapters: longest first, so that the lanes end together."
+    from rag_lab.llm import call_records
+    recs = call_records()
+    seconds = {s: sum(r['value'].get('seconds') or 0 for r in recs.read_folder(s, profile).values()) for s in slugs}
+    return sorted(slugs, key=lambda s: -seconds[s])
+
 # %% ../nbs/08_runner.ipynb #3af77fb9
 def _kernel_threads(jobs: int) -> str | None:
     "llama.cpp threads per kernel when `jobs` notebooks share the machine (None: leave `default_threads` to decide)."
@@ -256,9 +266,9 @@ def _run_all(plan: dict[str, dict], profile: str, nbs_dir: Path, root: Path, pro
         print(f"{'OK    ' if st == 'ok' else 'FAILED'} {slug} ({time.time() - t:.0f} s)"
               + ('' if st == 'ok' else f": {st}") + _calls_note(root, slug, st), flush=True)
         return slug, st
-    order = [s for s in plan if not CHAPTERS[s].needs] + [s for s in plan if CHAPTERS[s].needs]  # reads others' outputs: last
-    first, last = [s for s in order if not CHAPTERS[s].needs], [s for s in order if CHAPTERS[s].needs]
-    numbered = {s: i for i, s in enumerate(order, 1)}
+    first, last = [s for s in plan if not CHAPTERS[s].needs], [s for s in plan if CHAPTERS[s].needs]  # reads others' outputs: last
+    if jobs > 1: first = longest_first(first, profile)
+    numbered = {s: i for i, s in enumerate(first + last, 1)}
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         status = dict(pool.map(one, [(numbered[s], (s, plan[s])) for s in first]))
     status |= dict(map(one, [(numbered[s], (s, plan[s])) for s in last]))

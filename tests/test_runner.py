@@ -191,3 +191,20 @@ def test_the_users_llm_threads_reach_the_kernel(monkeypatch, tmp_path):
     monkeypatch.delenv('RAG_LAB_LLM_THREADS')
     runner._run_all({'claim_aware': {}, 'verirag': {}}, 'smoke', REPO / 'nbs', tmp_path, False, {}, jobs=2)
     assert seen[-1].get('RAG_LAB_LLM_THREADS') == str(max(1, len(os.sched_getaffinity(0)) // 2))
+
+
+def test_parallel_lanes_start_the_longest_chapters_first(monkeypatch, tmp_path, capsys):
+    "With --jobs 2 the chapters start by the compute their records took (most first); dependent chapters still run last."
+    from rag_lab import runner
+    started = []
+    monkeypatch.setattr(runner, 'run_notebook', lambda slug, p, nbs, root, progress, env: started.append(slug) or 'ok')
+    plan = {s: {} for s in ('claim_aware', 'reason_verify', 'rag2', 'comparison')}   # registry order
+    runner._run_all(plan, 'smoke', REPO / 'nbs', tmp_path, False, {}, jobs=1)
+    assert started == list(plan)   # one lane: registry order
+    started.clear()
+    runner._run_all(plan, 'smoke', REPO / 'nbs', tmp_path, False, {}, jobs=2)
+    want = runner.longest_first(['claim_aware', 'reason_verify', 'rag2'], 'smoke')
+    assert want[-1] == 'claim_aware' and started[-1] == 'comparison'   # no LLM call: shortest; reads the others: last
+    assert set(started[:2]) == set(want[:2]) and set(started[:3]) == set(want)   # the two longest start together
+    out = capsys.readouterr().out
+    assert all(f'[{i}/4] {s} ' in out for i, s in enumerate(want + ['comparison'], 1)), out
