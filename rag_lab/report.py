@@ -496,7 +496,9 @@ def site_sources(root: Path | str | None = None, # output root of the run to pub
     local_mathjax(src / '_extra')
     import matplotlib.pyplot as plt
     fig = plt.figure(figsize=(0.32, 0.32)); fig.text(0.5, 0.5, 'R', ha='center', va='center', fontsize=14, weight='bold')
-    fig.savefig(src / '_static' / 'favicon.png', dpi=100); plt.close(fig)   # a page without an icon makes browsers ask for /favicon.ico
+    fig.savefig(src / '_static' / 'favicon.png', dpi=100); plt.close(fig)
+    from PIL import Image   # pages without an icon link (Jupyter Book's index.html redirect) make browsers ask for /favicon.ico
+    Image.open(src / '_static' / 'favicon.png').save(src / '_extra' / 'favicon.ico')
     (src / 'intro.md').write_text((repo / 'README.md').read_text())
     (src / 'scorecard.md').write_text('# Scorecard\n\nComputed from the published CSVs of this run (`reports/<slug>/*.csv`).\n\n'
                                       + html.escape(scorecard_text(root), quote=False).replace('## Scorecard', ''))

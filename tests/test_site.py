@@ -41,6 +41,8 @@ def test_site_has_every_part(site):
     assert any(p.startswith('items/verirag') for p in pages), sorted(pages)      # the per-item browser of an LLM paper
     assert any(p.startswith('library/04_llm') for p in pages)                     # library notebooks as API chapters
     assert (site / 'mathjax' / 'tex-chtml-full.js').exists()          # MathJax is served by the site itself
+    # index.html is Jupyter Book's redirect page, without an icon link: a browser that asks for /favicon.ico first got a 404
+    assert (site / 'favicon.ico').read_bytes()[:4] == b'\x00\x00\x01\x00'   # an ICO file
     text = (site / 'papers' / '20_claim_aware.html').read_text()
     assert '<img' in text and 'table5' in text                                    # executed: tables and figures inline
 
