@@ -4,12 +4,11 @@
 
 # %% ../nbs/07_report.ipynb #0ab7959f
 from __future__ import annotations
-import hashlib, html, json, math, os, re, tempfile
+import hashlib, html, io, json, math, os, re, tempfile
 from pathlib import Path
 from importlib import resources
 import numpy as np
 import pandas as pd
-import io
 from .config import NotebookParams, RunInfo, atomic_write_bytes, atomic_write_text, notebook_params, out_root, run_params, scratch_root
 from .papers import CHAPTERS, PAPERS
 from .llm import LEDGER, finish_recording, recording_folder, start_recording
