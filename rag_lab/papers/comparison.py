@@ -14,8 +14,8 @@ from ..config import NotebookParams
 from ..metrics import accuracy, compare_paired
 
 # %% auto #0
-__all__ = ['PARAMS', 'PROFILES', 'SYSTEMS', 'COST_METRICS', 'ComparisonParams', 'load_predictions', 'align', 'cross_table',
-           'load_costs']
+__all__ = ['PARAMS', 'PROFILES', 'SYSTEMS', 'COST_METRICS', 'BASELINE_VARIANTS', 'ComparisonParams', 'load_predictions', 'align',
+           'cross_table', 'dataset_key', 'load_costs']
 
 # %% ../../nbs/61_comparison_method.ipynb #e3efa1e8
 class ComparisonParams(NotebookParams):
@@ -87,14 +87,32 @@ def cross_table(wide: pd.DataFrame, # `align`'s items x systems correctness
 # %% ../../nbs/61_comparison_method.ipynb #4d91807f
 COST_METRICS = ('calls per item', 'prompt tokens per item', 'completion tokens per item', 'compute seconds per item')
 
+def dataset_key(name: str, # a dataset as a chapter writes it: 'PubMedQA*', 'PubMedQA', 'pubmedqa', 'BioASQ-Y/N'
+               ) -> str: # lower case, letters and digits only: 'pubmedqa', 'bioasqyn'
+    "One spelling of a dataset name, so that every chapter's cost rows are found whatever their capitals or marks."
+    return ''.join(ch for ch in str(name).lower() if ch.isalnum())
+
 def load_costs(root: Path | str, dataset: str = 'pubmedqa',
                systems: Mapping[str, tuple[str, str]] = SYSTEMS,
               ) -> pd.DataFrame: # index = system, columns = COST_METRICS (NaN where a chapter reports none)
-    "Each system's cost per item on `dataset`, from its chapter's `cost` table (rows '<system> / <dataset>')."
+    "Each system's cost per item on `dataset`, from its chapter's `cost` table (rows '<system> / <dataset>', any spelling of it)."
     out = {}
     for name, (slug, label) in systems.items():
         p = Path(root) / 'reports' / slug / 'cost.csv'
         c = pd.read_csv(p) if p.exists() else pd.DataFrame(columns=['row', 'metric', 'ours'])
-        c = c[c.row == f'{label} / {dataset}'].set_index('metric').ours
+        split = c.row.astype(str).str.rsplit(' / ', n=1, expand=True).reindex(columns=[0, 1])
+        mine = (split[0] == label) & (split[1].map(dataset_key) == dataset_key(dataset))
+        c = c[mine].drop_duplicates('metric').set_index('metric').ours
         out[name] = {m: float(c[m]) if m in c.index else float('nan') for m in COST_METRICS}
     return pd.DataFrame(out).T
+
+
+# %% ../../nbs/61_comparison_method.ipynb #86c85eb4
+BASELINE_VARIANTS: dict[str, tuple[str, str]] = {   # each chapter's own baselines on the shared items
+    "closed book (Reason and Verify's prompt)": ('reason_verify', 'closed book'),
+    "closed book (RAG²'s prompt)": ('rag2', 'closed book'),
+    "closed book (PubMed Reasoner's prompt)": ('pubmed_reasoner', 'closed book'),
+    'plain RAG (BM25, local corpus)': ('reason_verify', 'BM25 RAG'),
+    'plain RAG (local E-utilities search, question as query)': ('pubmed_reasoner', 'plain RAG'),
+}
+
