@@ -88,7 +88,7 @@ def test_smoke_records_replay_on_a_clean_checkout_to_the_recorded_tables(tmp_pat
 
 
 # default-profile chapters whose replay takes about a minute (rag2's needs ~20 min of retrieval: left to `make reproduce`)
-QUICK_DEFAULT_REPLAYS = ('reason_verify',)
+QUICK_DEFAULT_REPLAYS = ('reason_verify', 'pubmed_reasoner')
 
 
 @pytest.mark.parametrize('slug', QUICK_DEFAULT_REPLAYS)
@@ -110,3 +110,22 @@ def test_default_records_replay_on_a_clean_checkout_to_the_published_tables(tmp_
     recorded = dict(reversed(l.split('  ', 1)) for l in digests.read_text().splitlines())
     assert table_digests(out / 'reports' / slug) == recorded
     assert table_digests(clone / 'reports' / slug) == recorded   # and the committed tables are those of the records
+
+
+def test_comparison_recomputes_its_published_table_on_a_clean_checkout(tmp_path):
+    "The cross-paper chapter (no model call) rerun on a fresh clone from the chapters' published predictions writes its "
+    "published tables and figure again, byte for byte (wall-time lines aside)."
+    from rag_lab.report import table_digests
+    clone = tmp_path / 'clone'
+    subprocess.run(['git', 'clone', '-q', str(REPO), str(clone)], check=True)
+    published = clone / 'reports' / 'comparison'
+    if not (published / 'cross_paper.csv').exists(): pytest.fail("no published reports/comparison: run `rag-lab reproduce --only comparison`")
+    before, png = table_digests(published), (clone / 'figures' / 'comparison' / 'accuracy_vs_compute.png').read_bytes()
+    env = {k: v for k, v in os.environ.items() if k not in ('IN_TEST', 'RAG_LAB_RECORDS', 'RAG_LAB_OUT')} | dict(PYTHONPATH=str(clone))
+    p = subprocess.run([str(BIN / 'rag-lab'), 'reproduce', '--only', 'comparison', '--no-progress'],
+                       cwd=clone, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    assert json.loads((published / 'run_meta.json').read_text())['profile'] == 'default'
+    assert {'cross_paper.csv', 'baseline_prompts.csv'} <= {Path(f).name for f in before}, before
+    assert table_digests(published) == before
+    assert (clone / 'figures' / 'comparison' / 'accuracy_vs_compute.png').read_bytes() == png
