@@ -88,7 +88,7 @@ def test_smoke_records_replay_on_a_clean_checkout_to_the_recorded_tables(tmp_pat
 
 
 # default-profile chapters whose replay takes about a minute (rag2's needs ~20 min of retrieval: left to `make reproduce`)
-QUICK_DEFAULT_REPLAYS = ('reason_verify', 'pubmed_reasoner')
+QUICK_DEFAULT_REPLAYS = ('reason_verify', 'pubmed_reasoner', 'verirag')
 
 
 @pytest.mark.parametrize('slug', QUICK_DEFAULT_REPLAYS)
