@@ -16,7 +16,7 @@ from .papers import PAPERS, get_paper
 __all__ = ['DEFAULT_SEED', 'SEED_MAX', 'PROFILES', 'Backend', 'DEFAULT_GENERATOR', 'SMOKE_LLM', 'repo_root', 'data_root',
            'cache_dir', 'out_root', 'scratch_root', 'atomic_write_bytes', 'atomic_write_text', 'seed_everything',
            'quiet_loading', 'comma_list_of', 'NotebookParams', 'LLMParams', 'param_schema', 'resolve_params',
-           'parse_param', 'package_versions', 'git_commit', 'file_sha256', 'RunInfo', 'run_params',
+           'parse_param', 'check_params', 'package_versions', 'git_commit', 'file_sha256', 'RunInfo', 'run_params',
            'injected_parameters', 'notebook_params']
 
 # %% ../nbs/00_config.ipynb #55ea4637
@@ -173,8 +173,23 @@ def parse_param(slug: str, # paper slug
         try: value = TypeAdapter(ann).validate_python(text)
         except ValidationError as e: raise ValueError(f"bad value {text!r} for {slug}.{name}: {e.errors()[0]['msg']}") from None
     try: checked = schema(**{**paper.profiles['default'], name: value})
-    except ValidationError as e: raise ValueError(f"bad value {text!r} for {slug}.{name}: {e.errors()[0]['msg']}") from None
+    except ValidationError as e:
+        mine = [x for x in e.errors() if x['loc'][:1] == (name,)]
+        if mine: raise ValueError(f"bad value {text!r} for {slug}.{name}: {mine[0]['msg']}") from None
+        return value   # right on its own; whether it fits the run's other values is `check_params`'s question
     return getattr(checked, name)  # as the validators normalised it
+
+def check_params(slug: str, # paper slug
+                 profile: str, # the run's profile
+                 values: dict[str, Any], # parsed command-line values (`parse_param`)
+                ) -> dict[str, Any]: # the same values, as the validators normalised them
+    "Check a run's command-line values together, on top of its profile's (e.g. n and n_secondary), with a clear `ValueError`."
+    paper = get_paper(slug)
+    try: checked = paper.params(profile=profile, **{**paper.profiles[profile], **values})
+    except ValidationError as e:
+        given = ', '.join(f'{k}={v!r}' for k, v in values.items())
+        raise ValueError(f"parameters {given} do not fit together for {slug} ({profile} profile): {e.errors()[0]['msg']}") from None
+    return {k: getattr(checked, k) for k in values}
 
 # %% ../nbs/00_config.ipynb #17c9d9f9
 _KEY_PACKAGES = ('torch', 'transformers', 'sentence-transformers', 'FlagEmbedding', 'llama-cpp-python', 'openai',

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from . import __version__
-from .config import PROFILES, parse_param, repo_root, out_root, scratch_root
+from .config import PROFILES, parse_param, check_params, repo_root, out_root, scratch_root
 from .papers import CHAPTERS, PAPERS
 from .llm import clock
 from .report import write_index, scorecard_text
@@ -51,6 +51,7 @@ def _selected(only: list[str] | None, nbs_dir: Path) -> list[str]:
 def plan_run(only: list[str] | None, # slugs to run; None = every paper notebook present
              params: list[str], # 'name=value' or 'slug.name=value'
              nbs_dir: Path, # folder with the paper notebooks
+             profile: str = 'default', # the run's profile: the values the parameters are checked together with
             ) -> dict[str, dict]:
     "Validate a request; return {slug: parameters} for the notebooks to run, or raise `UsageError`."
     slugs = _selected(only, nbs_dir)
@@ -73,6 +74,9 @@ def plan_run(only: list[str] | None, # slugs to run; None = every paper notebook
         if 'profile' not in declared: raise UsageError(f"{CHAPTERS[s].notebook} has no papermill 'parameters' cell with `profile`")
         undeclared = set(plan[s]) - set(declared)
         if undeclared: raise UsageError(f"{CHAPTERS[s].notebook} does not expose parameter(s) {sorted(undeclared)} in its parameters cell")
+        if plan[s]:
+            try: plan[s] = check_params(s, profile, plan[s])
+            except ValueError as e: raise UsageError(str(e)) from None
     return plan
 
 # %% ../nbs/08_runner.ipynb #1b514099
@@ -283,7 +287,7 @@ def reproduce(profile: str = 'default', only: list[str] | None = None, params: l
     try:
         if profile not in PROFILES: raise UsageError(f"unknown profile {profile!r}; choose from {', '.join(PROFILES)}")
         if jobs < 1: raise UsageError(f"--jobs must be at least 1, got {jobs}")
-        plan = plan_run(only, list(params), nbs_dir)
+        plan = plan_run(only, list(params), nbs_dir, profile)
         if record and profile not in RECORDED_PROFILES: raise UsageError(f"--record is for the {' and '.join(RECORDED_PROFILES)} profiles")
         dest, published = destination(profile, list(params), out, publish, notebooks)
         root = check_out_root(dest)
