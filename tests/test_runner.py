@@ -208,3 +208,17 @@ def test_parallel_lanes_start_the_longest_chapters_first(monkeypatch, tmp_path, 
     assert set(started[:2]) == set(want[:2]) and set(started[:3]) == set(want)   # the two longest start together
     out = capsys.readouterr().out
     assert all(f'[{i}/4] {s} ' in out for i, s in enumerate(want + ['comparison'], 1)), out
+
+
+def test_every_reproduce_command_in_the_readme_passes_validation():
+    "The README's `rag-lab reproduce` examples are accepted as written (before, each -p value was checked alone against "
+    "the default profile, so `--profile paper -p backend=openai` for verirag was refused)."
+    import re, shlex
+    from rag_lab.runner import _parser, plan_run
+    repo = Path(__file__).resolve().parents[1]
+    cmds = [l.split('#')[0].strip() for l in (repo / 'README.md').read_text().splitlines()
+            if re.match(r'^(\.venv/bin/)?rag-lab reproduce', l.strip())]
+    assert len(cmds) >= 6, cmds
+    for cmd in cmds:
+        a = _parser().parse_args(shlex.split(cmd)[1:])
+        plan_run(a.only, a.param, repo / 'nbs', a.profile)   # raises UsageError if refused
