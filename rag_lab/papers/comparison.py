@@ -15,7 +15,7 @@ from ..metrics import accuracy, compare_paired
 
 # %% auto #0
 __all__ = ['PARAMS', 'PROFILES', 'SYSTEMS', 'COST_METRICS', 'BASELINE_VARIANTS', 'ComparisonParams', 'load_predictions', 'align',
-           'cross_table', 'dataset_key', 'load_costs']
+           'cross_table', 'dataset_key', 'load_costs', 'cost_rows']
 
 # %% ../../nbs/61_comparison_method.ipynb #e3efa1e8
 class ComparisonParams(NotebookParams):
@@ -105,6 +105,17 @@ def load_costs(root: Path | str, dataset: str = 'pubmedqa',
         c = c[mine].drop_duplicates('metric').set_index('metric').ours
         out[name] = {m: float(c[m]) if m in c.index else float('nan') for m in COST_METRICS}
     return pd.DataFrame(out).T
+
+
+# %% ../../nbs/61_comparison_method.ipynb #ee6df329
+def cost_rows(costs: pd.DataFrame, # `load_costs`'s table
+              systems: Mapping[str, tuple[str, str]], # entry -> (chapter slug, label): which chapter each cost comes from
+              n: int, # the shared items the comparison is on
+             ) -> pd.DataFrame: # long rows: row = system, metric, ours, n, note
+    "The costs the chapters reported, as comparison-table rows that name their source (NaN costs left out)."
+    return pd.DataFrame([dict(row=s, metric=m, ours=costs.loc[s, m], n=n, note=f"from {systems[s][0]}'s cost table")
+                         for s in costs.index for m in COST_METRICS if not np.isnan(costs.loc[s, m])],
+                        columns=['row', 'metric', 'ours', 'n', 'note'])
 
 
 # %% ../../nbs/61_comparison_method.ipynb #86c85eb4
