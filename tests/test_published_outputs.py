@@ -56,6 +56,13 @@ def test_claim_aware_table8_counts_equal_the_paper(claim_aware_default):
 
 
 # ---------------------------------------------------------------- the results contract over every committed CSV
+def _macro_f1_and_mcc(tp: int, fp: int, fn: int, tn: int) -> tuple[float, float]:
+    "Macro-F1 and MCC (scikit-learn, independent of the code under test) of one confusion matrix."
+    from sklearn.metrics import f1_score, matthews_corrcoef
+    y = [1] * (tp + fn) + [0] * (fp + tn); p = [1] * tp + [0] * fn + [1] * fp + [0] * tn
+    return float(f1_score(y, p, average='macro', zero_division=0)), float(matthews_corrcoef(y, p))
+
+
 def _paper_derived_values() -> dict[str, set[float]]:
     "Values computed from the paper's own numbers (never allowed in `ours`), per paper slug."
     out: dict[str, set[float]] = {}
@@ -69,11 +76,8 @@ def _paper_derived_values() -> dict[str, set[float]]:
                 if len(g) >= 2: vals.add(round(float(g.v.mean()), 6))          # e.g. an Average recomputed from a row
         cm = slug_dir / 'derived_confusion_matrices.csv'
         if cm.exists():
-            from sklearn.metrics import f1_score, matthews_corrcoef
             for r in pd.read_csv(cm).itertuples():
-                y = [1] * (r.tp + r.fn) + [0] * (r.fp + r.tn)
-                p = [1] * r.tp + [0] * r.fn + [1] * r.fp + [0] * r.tn
-                vals.add(round(float(f1_score(y, p, average='macro')), 6)); vals.add(round(float(matthews_corrcoef(y, p)), 6))
+                vals.update(round(x, 6) for x in _macro_f1_and_mcc(r.tp, r.fp, r.fn, r.tn))
         out[slug_dir.name] = vals
     return out
 
@@ -85,11 +89,8 @@ def _from_own_counts(r) -> bool:
     "A macro-F1 or MCC that its own row's note proves computed from this run's confusion counts ('TP/FP/FN/TN a/b/c/d')."
     m = re.search(r'TP/FP/FN/TN (\d+)/(\d+)/(\d+)/(\d+)', str(r.note))
     if not m or not re.search(r'macro-F1|MCC', str(r.metric)): return False
-    from sklearn.metrics import f1_score, matthews_corrcoef
-    tp, fp, fn, tn = map(int, m.groups())
-    y = [1] * (tp + fn) + [0] * (fp + tn); p = [1] * tp + [0] * fn + [1] * fp + [0] * tn
-    value = f1_score(y, p, average='macro', zero_division=0) if 'F1' in r.metric else matthews_corrcoef(y, p)
-    return math.isclose(float(r.ours), float(value), abs_tol=1e-9)
+    f1, mcc = _macro_f1_and_mcc(*map(int, m.groups()))
+    return math.isclose(float(r.ours), f1 if 'F1' in r.metric else mcc, abs_tol=1e-9)
 
 
 @pytest.mark.parametrize('csv', CSVS, ids=[f'{p.parent.name}/{p.name}' for p in CSVS])
