@@ -13,12 +13,13 @@ from .config import PROFILES, parse_param, check_params, repo_root, out_root, sc
 from .papers import CHAPTERS, PAPERS
 from .llm import clock
 from .report import write_index, scorecard_text
-import pandas as pd
+import numpy as np, pandas as pd
 
 # %% auto #0
 __all__ = ['KERNEL_HASHSEED', 'RECORDED_PROFILES', 'UsageError', 'notebook_parameters', 'plan_run', 'check_out_root',
            'destination', 'output_lock', 'progress_line', 'run_notebook', 'longest_first', 'reproduce', 'site_command',
-           'records_table', 'records_command', 'list_command', 'params_command', 'main']
+           'records_table', 'nominal_seconds', 'fresh_seconds', 'estimate_fresh_compute', 'lanes_wall',
+           'records_command', 'list_command', 'params_command', 'main']
 
 # %% ../nbs/08_runner.ipynb #4fae61f3
 class UsageError(ValueError):
@@ -236,10 +237,13 @@ def _parser() -> argparse.ArgumentParser:
     h = sub.add_parser('site', help='build the website of a run: README, scorecard, executed chapters, per-item outputs, library')
     h.add_argument('--out', help='output root used by `reproduce --out` (default: the published run)')
     rc = sub.add_parser('records', help='the committed records of LLM calls')
-    rc.add_argument('action', choices=('stats', 'verify', 'prune'), help='stats: size and counts; verify: recompute a '
-                    'random sample and compare; prune: drop records no notebook run uses')
+    rc.add_argument('action', choices=('stats', 'verify', 'prune', 'budget'), help='stats: size and counts; verify: recompute a '
+                    'random sample and compare; prune: drop records no notebook run uses; budget: estimate a fresh '
+                    'computation from a sample a `reproduce --fresh` run recomputed')
     rc.add_argument('--sample', type=int, default=20, help='verify: records to recompute (default 20)')
     rc.add_argument('--seed', type=int, default=0, help='verify: which random sample')
+    rc.add_argument('--cache', help="budget: the sample run's LLM cache (default: this machine's, $RAG_LAB_CACHE/llm/calls.sqlite)")
+    rc.add_argument('--profile', default='default', help='budget: whose records (default: default)')
     return ap
 
 # %% ../nbs/08_runner.ipynb #bd09b6d7
@@ -348,11 +352,97 @@ def records_table(recs: "CallRecords", # the committed records (`llm.call_record
                          completion_tokens=sum(v.get('completion_tokens') or 0 for v in values)))
     return pd.DataFrame(rows, columns=['slug', 'profile', 'records', 'MB', 'compute_hours', 'prompt_tokens', 'completion_tokens'])
 
+# %% ../nbs/08_runner.ipynb #7afb9bc7
+def nominal_seconds(kind: str, # the record's request kind: 'chat', 'choice' or 'score'
+                    value: dict, # the record's value (its token counts)
+                    prefill_tps: float = 49.0, decode_tps: float = 19.0, # reference speeds: the 1.5B on one idle thread
+                   ) -> float:
+    "A call's seconds if every context token were prefilled and every new token decoded at the reference speeds."
+    if kind == 'chat': return (value.get('prompt_tokens') or 0) / prefill_tps + (value.get('completion_tokens') or 0) / decode_tps
+    scored = sum(value.get('n_tokens') or []) + len(value.get('tokens') or [])   # option / continuation tokens: one batch each
+    return ((value.get('context_tokens') or 0) + scored) / prefill_tps
+
+# %% ../nbs/08_runner.ipynb #e7b26053
+def fresh_seconds(cache: "LLMCache", # the LLM cache a `rag-lab reproduce --fresh` run computed its calls into
+                 ) -> dict[str, float]: # call key -> the compute seconds the call took in that run
+    "The measured seconds of every call an LLM cache holds."
+    return {k: float(s) for k, v in cache._sql('SELECT key, value FROM calls') if (s := json.loads(v).get('seconds')) is not None}
+
+# %% ../nbs/08_runner.ipynb #d00fa758
+def estimate_fresh_compute(recs: "CallRecords", # the committed records
+                           sample: dict[str, float], # call key -> measured seconds of the recomputed sample (`fresh_seconds`)
+                           profile: str = 'default', # whose records to estimate
+                           n_boot: int = 2000, seed: int = 0, # bootstrap resamples of the sampled calls (per stratum)
+                          ) -> pd.DataFrame: # one row per chapter with records of `profile`, then their sum ('all')
+    "Each chapter's fresh compute in hours, from a recomputed sample of its recorded calls (stratified ratio estimator, 95% CI)."
+    rng, rows, all_boots = np.random.default_rng(seed), [], np.zeros(n_boot)
+    for folder in sorted(recs.root.glob(f'*/{profile}')):
+        strata: dict[str, list] = {}   # kind -> [nominal seconds of all its calls, [(measured, nominal) of the sampled ones]]
+        recorded = 0.0
+        for key, r in recs.read_folder(folder.parent.name, profile).items():
+            kind, v = r['request'].get('kind', 'chat'), r['value']
+            nom, recorded = nominal_seconds(kind, v), recorded + (v.get('seconds') or 0)
+            s = strata.setdefault(kind, [0.0, []]); s[0] += nom
+            if key in sample: s[1].append((sample[key], nom))
+        if not strata: continue
+        unsampled = sorted(k for k, (_, xs) in strata.items() if not xs)
+        point, boots = 0.0, np.zeros(n_boot)
+        for full, xs in strata.values():
+            if not xs: continue
+            m, n = np.array(xs).T
+            point += full * m.sum() / n.sum()
+            idx = rng.integers(0, len(xs), (n_boot, len(xs)))
+            boots += full * m[idx].sum(1) / n[idx].sum(1)
+        nan = float('nan')
+        all_boots += nan if unsampled else boots
+        rows.append(dict(slug=folder.parent.name, calls=sum(1 for _ in recs.read_folder(folder.parent.name, profile)),
+                         sampled=sum(len(xs) for _, xs in strata.values()), recorded_hours=recorded / 3600,
+                         nominal_hours=sum(f for f, _ in strata.values()) / 3600,
+                         fresh_hours=nan if unsampled else point / 3600,
+                         ci_low=nan if unsampled else np.quantile(boots, .025) / 3600,
+                         ci_high=nan if unsampled else np.quantile(boots, .975) / 3600,
+                         unsampled=', '.join(unsampled)))
+    if len(rows) > 1:
+        total = lambda c: sum(r[c] for r in rows)
+        rows.append(dict(slug='all', calls=total('calls'), sampled=total('sampled'), recorded_hours=total('recorded_hours'),
+                         nominal_hours=total('nominal_hours'), fresh_hours=total('fresh_hours'),
+                         ci_low=np.quantile(all_boots, .025) / 3600, ci_high=np.quantile(all_boots, .975) / 3600,
+                         unsampled=', '.join(r['slug'] for r in rows if r['unsampled'])))
+    return pd.DataFrame(rows, columns=['slug', 'calls', 'sampled', 'recorded_hours', 'nominal_hours', 'fresh_hours',
+                                       'ci_low', 'ci_high', 'unsampled'])
+
+# %% ../nbs/08_runner.ipynb #c587d81f
+def lanes_wall(hours: dict[str, float], # chapter -> its compute (hours, measured with the lanes busy)
+               lanes: int = 2, # notebooks at a time (`rag-lab reproduce --jobs`)
+              ) -> float: # hours until the last lane is done
+    "Wall time of running the chapters `lanes` at a time, longest first, each on the lane that frees up first."
+    ends = [0.0] * lanes
+    for h in sorted(hours.values(), reverse=True): ends[ends.index(min(ends))] += h
+    return max(ends)
+
 # %% ../nbs/08_runner.ipynb #fd09dae6
-def records_command(action: str, sample: int = 20, seed: int = 0) -> int:
-    "`rag-lab records stats|verify|prune`."
-    from rag_lab.llm import call_records, prune_records, verify_records
+def records_command(action: str, sample: int = 20, seed: int = 0,
+                    cache: str | None = None, # budget: the LLM cache of a `reproduce --fresh` sample run (default: this machine's)
+                    profile: str = 'default', # budget: whose records to estimate
+                   ) -> int:
+    "`rag-lab records stats|verify|prune|budget`."
+    from rag_lab.llm import LLMCache, call_records, prune_records, verify_records
     recs = call_records()
+    if action == 'budget':
+        path = Path(cache) if cache else None
+        if path is not None and not path.is_file():
+            print(f"rag-lab: error: no LLM cache at {path}", file=sys.stderr); return 2
+        measured = fresh_seconds(LLMCache(path))
+        est = estimate_fresh_compute(recs, measured, profile)
+        if not len(est) or not est.sampled.any():
+            print(f"rag-lab: error: the cache holds none of the {profile} profile's recorded calls; recompute a sample first "
+                  f"(README, 'What a fresh computation costs')", file=sys.stderr); return 2
+        print(est.round(2).to_string(index=False))
+        chapters = est[est.slug != 'all']
+        print(f"\nestimated fresh compute: {chapters.fresh_hours.sum():.1f} h of calls [{est.ci_low.iloc[-1]:.1f}, "
+              f"{est.ci_high.iloc[-1]:.1f}]; {lanes_wall(dict(zip(chapters.slug, chapters.fresh_hours))):.1f} h wall with "
+              f"--jobs 2 (measured with two at a time); retrieval and embeddings not included")
+        return 0
     if action == 'prune':
         for folder, n in prune_records(recs).items(): print(f"{folder}: {n} record(s) dropped")
         return 0
@@ -411,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == 'reproduce':
         return reproduce(a.profile, a.only, a.param, a.out, a.notebooks, not a.no_progress, a.fresh, a.record, a.wait,
                          a.publish, a.jobs)
-    if a.cmd == 'records': return records_command(a.action, a.sample, a.seed)
+    if a.cmd == 'records': return records_command(a.action, a.sample, a.seed, a.cache, a.profile)
     if a.cmd == 'list': return list_command()
     if a.cmd == 'params': return params_command(a.slug)
     return site_command(a.out)

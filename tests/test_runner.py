@@ -216,9 +216,57 @@ def test_every_reproduce_command_in_the_readme_passes_validation():
     import re, shlex
     from rag_lab.runner import _parser, plan_run
     repo = Path(__file__).resolve().parents[1]
-    cmds = [l.split('#')[0].strip() for l in (repo / 'README.md').read_text().splitlines()
-            if re.match(r'^(\.venv/bin/)?rag-lab reproduce', l.strip())]
-    assert len(cmds) >= 6, cmds
+    lines = (repo / 'README.md').read_text().replace('\\\n', ' ').splitlines()   # continuation lines joined
+    env = r'(?:[A-Z_]+=\S+\s+)*'                                                     # VAR=value prefixes
+    cmds = [re.sub(f'^{env}', '', l.split('#')[0].strip()) for l in lines
+            if re.match(rf'^{env}(\.venv/bin/)?rag-lab reproduce', l.strip())]
+    assert len(cmds) >= 7, cmds
+    assert any('pubmed_reasoner.n_free_text=3' in c for c in cmds)   # the budget's sample command, whole
     for cmd in cmds:
         a = _parser().parse_args(shlex.split(cmd)[1:])
         plan_run(a.only, a.param, repo / 'nbs', a.profile)   # raises UsageError if refused
+
+
+def _budget_records(tmp_path, rng):
+    "A chapter of 400 calls of two kinds with spread-out token counts, and the seconds a fresh run would measure for each."
+    from rag_lab.llm import CallRecords
+    from rag_lab.runner import nominal_seconds
+    recs, calls, truth = CallRecords(tmp_path / 'records'), {}, {}
+    for i in range(400):
+        if i % 2:
+            req, v = {'kind': 'chat', 'i': i}, {'prompt_tokens': int(rng.integers(50, 2000)), 'completion_tokens': int(rng.integers(0, 300))}
+            speed = 2.2     # this machine's chat calls run 2.2x slower than nominal ...
+        else:
+            req, v = {'kind': 'choice', 'i': i}, {'context_tokens': int(rng.integers(50, 2000)), 'n_tokens': [1, 1, 1]}
+            speed = 0.4     # ... its scored answers 2.5x faster (KV reuse)
+        v['seconds'] = 1.0  # what the records say has nothing to do with today's speed
+        calls[f'k{i}'] = {'request': req, 'value': v}
+        truth[f'k{i}'] = nominal_seconds(req['kind'], v) * speed * float(rng.lognormal(0, 0.3))
+    recs.write('rag2', 'default', calls)
+    return recs, truth
+
+def test_fresh_compute_estimate_covers_the_truth_from_a_random_sample(tmp_path):
+    "The budget's ratio estimator is unbiased for a random sample: its 95% CI covers the full recomputation's total."
+    import numpy as np
+    from rag_lab.runner import estimate_fresh_compute
+    rng = np.random.default_rng(7)
+    recs, truth = _budget_records(tmp_path, rng)
+    total, covered, errors = sum(truth.values()) / 3600, 0, []
+    for trial in range(40):
+        keys = rng.choice(sorted(truth), 40, replace=False)
+        est = estimate_fresh_compute(recs, {k: truth[k] for k in keys}, n_boot=400, seed=trial).iloc[0]
+        covered += est.ci_low <= total <= est.ci_high
+        errors.append(est.fresh_hours / total - 1)
+    assert covered >= 32, (covered, total)          # nominal 95%: at least 80% of 40 trials
+    assert abs(np.mean(errors)) < 0.03, np.mean(errors)
+    # the records' own seconds (1 s each) would have said 0.11 h; the nominal time alone misses the per-kind speeds
+    assert abs(est.recorded_hours - 400 / 3600) < 1e-9 and abs(est.nominal_hours / total - 1) > 0.2
+
+def test_budget_command_refuses_a_cache_without_recorded_calls(tmp_path, capsys):
+    from rag_lab.llm import LLMCache
+    assert main(['records', 'budget', '--cache', str(tmp_path / 'missing.sqlite')]) == 2
+    assert 'no LLM cache at' in capsys.readouterr().err
+    cache = LLMCache(tmp_path / 'calls.sqlite')
+    cache.put('not-a-recorded-call', {'text': 'x', 'seconds': 3.0}, kind='chat')
+    assert main(['records', 'budget', '--cache', str(cache.path)]) == 2
+    assert 'holds none of the default profile' in capsys.readouterr().err
