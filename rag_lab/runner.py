@@ -9,17 +9,17 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from . import __version__
-from .config import PROFILES, parse_param, check_params, repo_root, out_root, scratch_root
+from .config import PROFILES, parse_param, check_params, repo_root, out_root, scratch_root, atomic_write_text
 from .papers import CHAPTERS, PAPERS
 from .llm import clock
 from .report import write_index, scorecard_text
 import numpy as np, pandas as pd
 
 # %% auto #0
-__all__ = ['KERNEL_HASHSEED', 'RECORDED_PROFILES', 'UsageError', 'notebook_parameters', 'plan_run', 'check_out_root',
-           'destination', 'output_lock', 'progress_line', 'run_notebook', 'longest_first', 'reproduce', 'site_command',
-           'records_table', 'nominal_seconds', 'fresh_seconds', 'estimate_fresh_compute', 'lanes_wall',
-           'records_command', 'list_command', 'params_command', 'main']
+__all__ = ['KERNEL_HASHSEED', 'RECORDED_PROFILES', 'FRESH_ESTIMATE', 'UsageError', 'notebook_parameters', 'plan_run',
+           'check_out_root', 'destination', 'output_lock', 'progress_line', 'run_notebook', 'longest_first',
+           'reproduce', 'site_command', 'records_table', 'nominal_seconds', 'fresh_seconds', 'estimate_fresh_compute',
+           'lanes_wall', 'save_fresh_estimate', 'records_command', 'list_command', 'params_command', 'main']
 
 # %% ../nbs/08_runner.ipynb #4fae61f3
 class UsageError(ValueError):
@@ -244,17 +244,24 @@ def _parser() -> argparse.ArgumentParser:
     rc.add_argument('--seed', type=int, default=0, help='verify: which random sample')
     rc.add_argument('--cache', help="budget: the sample run's LLM cache (default: this machine's, $RAG_LAB_CACHE/llm/calls.sqlite)")
     rc.add_argument('--profile', default='default', help='budget: whose records (default: default)')
+    rc.add_argument('--save', action='store_true', help='budget: write each estimate beside its records (fresh_estimate.json); '
+                    '`reproduce --jobs N` then starts the longest-estimated chapters first')
     return ap
 
 # %% ../nbs/08_runner.ipynb #bd09b6d7
+FRESH_ESTIMATE = 'fresh_estimate.json'   # beside a chapter's records: its measured fresh compute (`rag-lab records budget --save`)
+
 def longest_first(slugs: list[str], # chapters that may run side by side
                   profile: str, # whose records to weigh them by
                  ) -> list[str]: # the same slugs, most recorded compute first (equal ones keep their order)
-    "The order in which `--jobs N` starts chapters: longest first, so that the lanes end together."
+    "The order in which `--jobs N` starts chapters: longest first (by the measured fresh estimate, else the records' seconds)."
     from rag_lab.llm import call_records
     recs = call_records()
-    seconds = {s: sum(r['value'].get('seconds') or 0 for r in recs.read_folder(s, profile).values()) for s in slugs}
-    return sorted(slugs, key=lambda s: -seconds[s])
+    def seconds(s: str) -> float:
+        est = recs.folder(s, profile) / FRESH_ESTIMATE
+        if est.exists(): return 3600 * json.loads(est.read_text())['fresh_hours']
+        return sum(r['value'].get('seconds') or 0 for r in recs.read_folder(s, profile).values())
+    return sorted(slugs, key=lambda s: -seconds(s))
 
 # %% ../nbs/08_runner.ipynb #3af77fb9
 def _kernel_threads(jobs: int) -> str | None:
@@ -378,12 +385,13 @@ def estimate_fresh_compute(recs: "CallRecords", # the committed records
     rng, rows, all_boots = np.random.default_rng(seed), [], np.zeros(n_boot)
     for folder in sorted(recs.root.glob(f'*/{profile}')):
         strata: dict[str, list] = {}   # kind -> [nominal seconds of all its calls, [(measured, nominal) of the sampled ones]]
-        recorded = 0.0
+        recorded, n_unsampled_calls = 0.0, 0
         for key, r in recs.read_folder(folder.parent.name, profile).items():
             kind, v = r['request'].get('kind', 'chat'), r['value']
             nom, recorded = nominal_seconds(kind, v), recorded + (v.get('seconds') or 0)
             s = strata.setdefault(kind, [0.0, []]); s[0] += nom
             if key in sample: s[1].append((sample[key], nom))
+            else: n_unsampled_calls += 1
         if not strata: continue
         unsampled = sorted(k for k, (_, xs) in strata.items() if not xs)
         point, boots = 0.0, np.zeros(n_boot)
@@ -395,7 +403,7 @@ def estimate_fresh_compute(recs: "CallRecords", # the committed records
             boots += full * m[idx].sum(1) / n[idx].sum(1)
         nan = float('nan')
         all_boots += nan if unsampled else boots
-        rows.append(dict(slug=folder.parent.name, calls=sum(1 for _ in recs.read_folder(folder.parent.name, profile)),
+        rows.append(dict(slug=folder.parent.name, calls=sum(len(s[1]) for s in strata.values()) + n_unsampled_calls,
                          sampled=sum(len(xs) for _, xs in strata.values()), recorded_hours=recorded / 3600,
                          nominal_hours=sum(f for f, _ in strata.values()) / 3600,
                          fresh_hours=nan if unsampled else point / 3600,
@@ -415,15 +423,28 @@ def estimate_fresh_compute(recs: "CallRecords", # the committed records
 def lanes_wall(hours: dict[str, float], # chapter -> its compute (hours, measured with the lanes busy)
                lanes: int = 2, # notebooks at a time (`rag-lab reproduce --jobs`)
               ) -> float: # hours until the last lane is done
-    "Wall time of running the chapters `lanes` at a time, longest first, each on the lane that frees up first."
+    "Wall time of running the chapters `lanes` at a time in the order given (the runner's), each on the lane that frees up first."
     ends = [0.0] * lanes
-    for h in sorted(hours.values(), reverse=True): ends[ends.index(min(ends))] += h
+    for h in hours.values(): ends[ends.index(min(ends))] += h
     return max(ends)
+
+# %% ../nbs/08_runner.ipynb #2a106fc0
+def save_fresh_estimate(recs: "CallRecords", # the committed records
+                        est: pd.DataFrame, # `estimate_fresh_compute`'s table
+                        profile: str = 'default',
+                       ) -> list[Path]: # the files written
+    "Write each estimated chapter's fresh compute beside its records, where `longest_first` finds it."
+    out = []
+    for r in est[(est.slug != 'all') & est.fresh_hours.notna()].itertuples():
+        d = {k: round(float(getattr(r, k)), 3) for k in ('fresh_hours', 'ci_low', 'ci_high')} | {'sampled': int(r.sampled), 'calls': int(r.calls)}
+        out.append(atomic_write_text(recs.folder(r.slug, profile) / FRESH_ESTIMATE, json.dumps(d, indent=1) + '\n'))
+    return out
 
 # %% ../nbs/08_runner.ipynb #fd09dae6
 def records_command(action: str, sample: int = 20, seed: int = 0,
                     cache: str | None = None, # budget: the LLM cache of a `reproduce --fresh` sample run (default: this machine's)
                     profile: str = 'default', # budget: whose records to estimate
+                    save: bool = False, # budget: write the estimates beside the records (the runner then orders lanes by them)
                    ) -> int:
     "`rag-lab records stats|verify|prune|budget`."
     from rag_lab.llm import LLMCache, call_records, prune_records, verify_records
@@ -438,10 +459,13 @@ def records_command(action: str, sample: int = 20, seed: int = 0,
             print(f"rag-lab: error: the cache holds none of the {profile} profile's recorded calls; recompute a sample first "
                   f"(README, 'What a fresh computation costs')", file=sys.stderr); return 2
         print(est.round(2).to_string(index=False))
-        chapters = est[est.slug != 'all']
-        print(f"\nestimated fresh compute: {chapters.fresh_hours.sum():.1f} h of calls [{est.ci_low.iloc[-1]:.1f}, "
-              f"{est.ci_high.iloc[-1]:.1f}]; {lanes_wall(dict(zip(chapters.slug, chapters.fresh_hours))):.1f} h wall with "
-              f"--jobs 2 (measured with two at a time); retrieval and embeddings not included")
+        hours = dict(zip(est.slug, est.fresh_hours)); hours.pop('all', None)
+        if save:
+            for f in save_fresh_estimate(recs, est, profile): print(f"wrote {f}")
+        order = longest_first(list(hours), profile)
+        print(f"\nestimated fresh compute: {sum(hours.values()):.1f} h of calls [{est.ci_low.iloc[-1]:.1f}, {est.ci_high.iloc[-1]:.1f}]; "
+              f"{lanes_wall({s: hours[s] for s in order}):.1f} h wall with --jobs 2, which starts {', '.join(order)} in this order "
+              f"(measured with two at a time; retrieval and embeddings not included)")
         return 0
     if action == 'prune':
         for folder, n in prune_records(recs).items(): print(f"{folder}: {n} record(s) dropped")
@@ -501,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == 'reproduce':
         return reproduce(a.profile, a.only, a.param, a.out, a.notebooks, not a.no_progress, a.fresh, a.record, a.wait,
                          a.publish, a.jobs)
-    if a.cmd == 'records': return records_command(a.action, a.sample, a.seed, a.cache, a.profile)
+    if a.cmd == 'records': return records_command(a.action, a.sample, a.seed, a.cache, a.profile, a.save)
     if a.cmd == 'list': return list_command()
     if a.cmd == 'params': return params_command(a.slug)
     return site_command(a.out)

@@ -270,3 +270,16 @@ def test_budget_command_refuses_a_cache_without_recorded_calls(tmp_path, capsys)
     cache.put('not-a-recorded-call', {'text': 'x', 'seconds': 3.0}, kind='chat')
     assert main(['records', 'budget', '--cache', str(cache.path)]) == 2
     assert 'holds none of the default profile' in capsys.readouterr().err
+
+def test_lanes_start_by_the_measured_estimate_when_there_is_one(tmp_path, monkeypatch):
+    "Records made under a since-fixed bug overstate some chapters: a saved fresh estimate outranks the records' seconds."
+    from rag_lab import llm
+    from rag_lab.llm import CallRecords
+    from rag_lab.runner import FRESH_ESTIMATE, longest_first
+    recs = CallRecords(tmp_path / 'records')
+    for slug, secs in (('reason_verify', 900.0), ('rag2', 100.0)):
+        recs.write(slug, 'default', {f'{slug}-k': {'request': {'kind': 'chat'}, 'value': {'text': 'x', 'seconds': secs}}})
+    monkeypatch.setattr(llm, 'call_records', lambda: recs)
+    assert longest_first(['rag2', 'reason_verify'], 'default') == ['reason_verify', 'rag2']
+    (recs.folder('rag2', 'default') / FRESH_ESTIMATE).write_text(json.dumps({'fresh_hours': 0.5}))   # 1800 s measured
+    assert longest_first(['rag2', 'reason_verify'], 'default') == ['rag2', 'reason_verify']
