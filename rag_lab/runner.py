@@ -385,13 +385,12 @@ def estimate_fresh_compute(recs: "CallRecords", # the committed records
     rng, rows, all_boots = np.random.default_rng(seed), [], np.zeros(n_boot)
     for folder in sorted(recs.root.glob(f'*/{profile}')):
         strata: dict[str, list] = {}   # kind -> [nominal seconds of all its calls, [(measured, nominal) of the sampled ones]]
-        recorded, n_unsampled_calls = 0.0, 0
-        for key, r in recs.read_folder(folder.parent.name, profile).items():
+        recorded, records = 0.0, recs.read_folder(folder.parent.name, profile)
+        for key, r in records.items():
             kind, v = r['request'].get('kind', 'chat'), r['value']
             nom, recorded = nominal_seconds(kind, v), recorded + (v.get('seconds') or 0)
             s = strata.setdefault(kind, [0.0, []]); s[0] += nom
             if key in sample: s[1].append((sample[key], nom))
-            else: n_unsampled_calls += 1
         if not strata: continue
         unsampled = sorted(k for k, (_, xs) in strata.items() if not xs)
         point, boots = 0.0, np.zeros(n_boot)
@@ -403,7 +402,7 @@ def estimate_fresh_compute(recs: "CallRecords", # the committed records
             boots += full * m[idx].sum(1) / n[idx].sum(1)
         nan = float('nan')
         all_boots += nan if unsampled else boots
-        rows.append(dict(slug=folder.parent.name, calls=sum(len(s[1]) for s in strata.values()) + n_unsampled_calls,
+        rows.append(dict(slug=folder.parent.name, calls=len(records),
                          sampled=sum(len(xs) for _, xs in strata.values()), recorded_hours=recorded / 3600,
                          nominal_hours=sum(f for f, _ in strata.values()) / 3600,
                          fresh_hours=nan if unsampled else point / 3600,
