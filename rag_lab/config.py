@@ -10,7 +10,6 @@ from datetime import datetime, timezone
 from importlib import metadata
 from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, TypeAdapter, field_validator, model_validator
-from .papers import PAPERS, get_paper
 
 # %% auto #0
 __all__ = ['DEFAULT_SEED', 'SEED_MAX', 'PROFILES', 'Backend', 'DEFAULT_GENERATOR', 'SMOKE_LLM', 'repo_root', 'data_root',
@@ -110,7 +109,7 @@ def quiet_loading():
 # %% ../nbs/00_config.ipynb #787032e7
 PROFILES = ('smoke', 'default', 'paper')
 Backend = Literal['llamacpp', 'transformers', 'openai']
-DEFAULT_GENERATOR = 'qwen2.5-coder-1.5b-instruct-q4_k_m'   # the default profile's LLM (chapter 04_llm: where it comes from)
+DEFAULT_GENERATOR = 'qwen2.5-coder-1.5b-instruct-q4_k_m'   # the default profile's LLM (chapter 04a_models: where it comes from)
 SMOKE_LLM = dict(model='smollm2-135m-instruct-q4_1', max_tokens=128)   # what every paper's smoke profile runs on
 
 def comma_list_of(v: str, # e.g. 'bioasq, pubmedqa'
@@ -139,10 +138,15 @@ class LLMParams(NotebookParams):
     max_tokens: int = Field(512, ge=1, le=32768)
 
 # %% ../nbs/00_config.ipynb #1cf291a2
+def _paper(slug: str): # paper slug
+    "The registered paper `slug`; the registry (`index.ipynb`, above this layer: it loads the paper modules) is imported on first use."
+    from rag_lab.papers import get_paper
+    return get_paper(slug)
+
 def param_schema(slug: str, # paper slug, e.g. 'claim_aware'
                 ) -> type[NotebookParams]:
     "The parameter class of a registered paper."
-    return get_paper(slug).params
+    return _paper(slug).params
 
 def resolve_params(slug: str, # paper slug, e.g. 'claim_aware'
                    profile: str = 'default', # 'smoke', 'default' or 'paper'
@@ -150,7 +154,7 @@ def resolve_params(slug: str, # paper slug, e.g. 'claim_aware'
                   ) -> NotebookParams:
     "The profile's values for `slug` updated with the non-None `overrides`, validated."
     if profile not in PROFILES: raise ValueError(f"unknown profile {profile!r}; choose from {', '.join(PROFILES)}")
-    paper = get_paper(slug)
+    paper = _paper(slug)
     schema = paper.params
     unknown = set(overrides) - set(schema.model_fields)
     if unknown: raise ValueError(f"unknown parameter(s) for {slug}: {', '.join(sorted(unknown))}; "
@@ -163,7 +167,7 @@ def parse_param(slug: str, # paper slug
                 text: str, # value as typed on the command line
                ) -> Any: # the value, converted to the parameter's type
     "Convert and check one command-line `name=value` for `slug`, raising `ValueError` with a clear message."
-    paper = get_paper(slug)
+    paper = _paper(slug)
     schema = paper.params
     if name not in schema.model_fields:
         raise ValueError(f"unknown parameter {name!r} for {slug}; known: {', '.join(schema.model_fields)}")
@@ -184,7 +188,7 @@ def check_params(slug: str, # paper slug
                  values: dict[str, Any], # parsed command-line values (`parse_param`)
                 ) -> dict[str, Any]: # the same values, as the validators normalised them
     "Check a run's command-line values together, on top of its profile's (e.g. n and n_secondary), with a clear `ValueError`."
-    paper = get_paper(slug)
+    paper = _paper(slug)
     try: checked = paper.params(profile=profile, **{**paper.profiles[profile], **values})
     except ValidationError as e:
         given = ', '.join(f'{k}={v!r}' for k, v in values.items())

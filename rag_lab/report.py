@@ -4,21 +4,22 @@
 
 # %% ../nbs/07_report.ipynb #0ab7959f
 from __future__ import annotations
-import hashlib, html, io, json, math, os, re, tempfile
+import decimal, hashlib, html, io, json, math, os, re, tempfile
 from pathlib import Path
 from importlib import resources
 import numpy as np
 import pandas as pd
 from .config import NotebookParams, RunInfo, atomic_write_bytes, atomic_write_text, notebook_params, out_root, run_params, scratch_root
 from .papers import CHAPTERS, PAPERS
-from .llm import LEDGER, finish_recording, recording_folder, start_recording
+from .calls import LEDGER, finish_recording, recording_folder, start_recording
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['PAPER_SLUGS', 'RESULT_COLUMNS', 'ITEM_COLUMNS', 'INDEX_MAX_ROWS', 'MATHJAX_PACKAGE', 'parse_reported', 'paper_table',
-           'printed_tolerance', 'check_against_paper', 'markdown_table', 'with_delta', 'without_wall_time',
-           'table_digests', 'Results', 'start_run', 'start_notebook', 'set_style', 'scorecard', 'scorecard_text',
-           'rounded_for_reading', 'write_index', 'local_mathjax', 'item_browser', 'site_sources', 'build_site']
+__all__ = ['PAPER_SLUGS', 'RESULT_COLUMNS', 'CSV_SIGNIFICANT_DIGITS', 'ITEM_COLUMNS', 'INDEX_MAX_ROWS', 'MATHJAX_PACKAGE',
+           'parse_reported', 'paper_table', 'printed_tolerance', 'check_against_paper', 'markdown_table', 'with_delta',
+           'csv_number', 'csv_text', 'without_wall_time', 'table_digests', 'prompt_digests', 'Results', 'start_run',
+           'start_notebook', 'set_style', 'scorecard', 'scorecard_text', 'rounded_for_reading', 'write_index',
+           'local_mathjax', 'item_browser', 'site_sources', 'build_site']
 
 # %% ../nbs/07_report.ipynb #ca90c1a0
 PAPER_SLUGS = tuple(PAPERS)   # from the registry: the papers in their order
@@ -96,6 +97,28 @@ def with_delta(df: pd.DataFrame) -> pd.DataFrame:
     "The contract table plus `delta` = ours - paper where both exist."
     return df.assign(delta=df['ours'] - df['paper'])
 
+# %% ../nbs/07_report.ipynb #00b9ab35
+CSV_SIGNIFICANT_DIGITS = 6   # every float a CSV holds; the .md tables round further, for reading
+_ABSORB_DIGITS = 12          # first rounding: last-bit differences between CPUs vanish here
+
+def csv_number(x, # a cell value; anything but a float is returned unchanged
+               sig: int = CSV_SIGNIFICANT_DIGITS, # significant digits
+              ):
+    "A float as the text a CSV keeps: `sig` significant digits (after absorbing last-bit noise); NaN -> ''."
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (float, np.floating)): return x
+    x = float(x)
+    if math.isnan(x): return ''
+    if math.isinf(x): return 'inf' if x > 0 else '-inf'
+    if x.is_integer() and abs(x) < 1e15: return str(int(x))
+    d = decimal.Decimal(f'{x:.{_ABSORB_DIGITS}g}')
+    d = d.quantize(decimal.Decimal(1).scaleb(d.adjusted() - sig + 1), rounding=decimal.ROUND_HALF_EVEN)
+    text = f'{float(d):.{sig}g}'   # the float nearest a sig-digit decimal prints as that decimal
+    return '0' if float(text) == 0 else text
+
+def csv_text(df: pd.DataFrame) -> str:
+    "`df` as CSV text with every float (in any column, also inside object columns) at the declared precision."
+    return df.map(csv_number).to_csv(index=False)
+
 # %% ../nbs/07_report.ipynb #5d1e0a37
 def without_wall_time(path: Path, # a table (.csv) or its markdown (.md); other files are read whole
                      ) -> bytes: # the file's bytes, lines reporting wall time left out
@@ -109,6 +132,22 @@ def table_digests(report_dir: Path, # reports/<slug> of a run
                  ) -> dict[str, str]: # CSV file name -> sha256 of its bytes
     "sha256 of each table a run wrote, with the lines that report wall time left out: what a replay must reproduce."
     return {p.name: hashlib.sha256(without_wall_time(p)).hexdigest() for p in sorted(Path(report_dir).glob('*.csv'))}
+
+# %% ../nbs/07_report.ipynb #7bc728b3
+_PROMPT_CONSTANT = re.compile(r'PROMPT|SYSTEM|INSTRUCTION|TEMPLATE')
+
+def prompt_digests(module, # a paper module (or any module holding prompt builders)
+                  ) -> dict[str, str]: # name -> first 16 hex digits of the sha256 of its source (function) or value (string)
+    "Digests of a module's prompt templates: functions named `*_prompt`/`*_messages`, string constants named *PROMPT*/*SYSTEM*/…"
+    import inspect
+    out = {}
+    for name, obj in sorted(vars(module).items()):
+        if inspect.isfunction(obj) and obj.__module__ == module.__name__ and re.search(r'_(prompt|messages)$', name):
+            text = inspect.getsource(obj)
+        elif isinstance(obj, str) and name.isupper() and _PROMPT_CONSTANT.search(name): text = obj
+        else: continue
+        out[name] = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return out
 
 # %% ../nbs/07_report.ipynb #7ac91d24
 class Results:
@@ -161,7 +200,8 @@ class Results:
         if folder is not None and LEDGER.calls: self._note_digests(folder / 'tables.sha256')
         recorded = finish_recording()
         calls = LEDGER.sources() | dict(recorded=recorded) if LEDGER.records else None
-        meta = self.run.model_dump() | dict(tables=sorted(self.tables), figures=self.figures, llm_calls=calls)
+        meta = self.run.model_dump() | dict(tables=sorted(self.tables), figures=self.figures, llm_calls=calls,
+                                            prompts=prompt_digests(CHAPTERS[self.slug].load()))
         atomic_write_text(self.report_dir / 'run_meta.json', json.dumps(meta, indent=1, default=str))
         return self.run
 
@@ -218,7 +258,7 @@ def table(self: Results, name: str, # table file stem; paper values come from th
     df['note'] = [('; '.join(x for x in (a, b and f'paper: {b}') if x)) for a, b in zip(note, df['paper_note'].fillna(''))]
     df['check'] = [check_against_paper(p, v, t, pt) for p, v, t, pt in zip(df.paper, df.ours, df.tol, df.paper_text)]
     df = df[RESULT_COLUMNS].astype({'n': 'Int64', 'seed': 'Int64'})  # counts stay integers beside empty cells
-    atomic_write_text(self.report_dir / f'{name}.csv', df.to_csv(index=False))
+    atomic_write_text(self.report_dir / f'{name}.csv', csv_text(df))
     cfg = (f"profile `{self.run.profile}`, seed {self.run.params.get('seed')}, "
            f"model {f'`{model}`' if model else 'per row (`model` column)'}, n {n if n is not None else 'per row (`n` column)'}")
     md = f"# {self.slug} / {name}\n\n{title}\n\n{cfg}. `paper` = value reported in the paper; `ours` = this run; `check` = OK / close / off against the paper's tolerance.\n\n"
@@ -257,7 +297,7 @@ def items(self: Results, name: str, # file stem: written as `items_<name>.csv`
     if dup.any(): raise ValueError(f"items {name!r}: duplicate (dataset, item_id, system) {df.loc[dup, ['dataset', 'item_id', 'system']].values.tolist()[:3]}")
     out = df[list(ITEM_COLUMNS) + [c for c in df.columns if c not in ITEM_COLUMNS]]
     self.tables[f'items_{name}'] = out
-    return atomic_write_text(self.report_dir / f'items_{name}.csv', out.to_csv(index=False))
+    return atomic_write_text(self.report_dir / f'items_{name}.csv', csv_text(out))
 
 # %% ../nbs/07_report.ipynb #1d4328ca
 def set_style() -> None:

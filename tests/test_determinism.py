@@ -10,6 +10,8 @@ paper's runtime table: seconds per stage) and `figure6` (the plot of table9).
 import json, os, subprocess, sys
 from pathlib import Path
 import pytest
+from rag_lab.config import LLMParams
+from rag_lab.papers import PAPERS
 from rag_lab.report import without_wall_time
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,8 +45,11 @@ def test_claim_aware_outputs_do_not_depend_on_the_hash_seed(tmp_path):
     assert _differences(a, b) == []
 
 
-@pytest.mark.parametrize('nb,slug', [('10_reason_verify.ipynb', 'reason_verify'), ('30_rag2.ipynb', 'rag2'),
-                                     ('40_verirag.ipynb', 'verirag'), ('50_pubmed_reasoner.ipynb', 'pubmed_reasoner')])
+# the chapters that call an LLM (their parameter class is an LLMParams), from the registry
+LLM_SLUGS = tuple(s for s, p in PAPERS.items() if issubclass(p.params, LLMParams))
+
+
+@pytest.mark.parametrize('nb,slug', [(PAPERS[s].notebook, s) for s in LLM_SLUGS])
 def test_llm_notebook_replays_from_records_identically_under_two_hash_seeds(nb, slug, tmp_path, monkeypatch):
     "Smoke runs replayed from the committed records (the local LLM cache switched off, so nothing is read from this "
     "machine): no call is computed, and every table and figure is the same bytes under two string-hash seeds."
@@ -61,8 +66,6 @@ def test_llm_notebook_replays_from_records_identically_under_two_hash_seeds(nb, 
               and (not (a / f).exists() or not (b / f).exists() or without_wall_time(a / f) != without_wall_time(b / f))]
     assert differ == []
 
-
-LLM_SLUGS = ('reason_verify', 'rag2', 'verirag', 'pubmed_reasoner')
 
 
 def test_smoke_records_replay_on_a_clean_checkout_to_the_recorded_tables(tmp_path):
@@ -88,7 +91,7 @@ def test_smoke_records_replay_on_a_clean_checkout_to_the_recorded_tables(tmp_pat
 
 
 # default-profile chapters whose replay takes about a minute (rag2's needs ~20 min of retrieval: left to `make reproduce`)
-QUICK_DEFAULT_REPLAYS = ('reason_verify', 'pubmed_reasoner', 'verirag')
+QUICK_DEFAULT_REPLAYS = tuple(s for s in LLM_SLUGS if s != 'rag2')
 
 
 @pytest.mark.parametrize('slug', QUICK_DEFAULT_REPLAYS)

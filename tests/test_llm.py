@@ -1,4 +1,4 @@
-"Tests of rag_lab.llm: the three backends, model verification, the call cache, structured output and parsers."
+"Tests of rag_lab.llm, rag_lab.calls and rag_lab.models: the three backends, model verification, the call cache, structured output and parsers."
 import json, math, multiprocessing as mp, os, shutil, socket, sqlite3, subprocess, sys, time, urllib.request
 from pathlib import Path
 import numpy as np
@@ -7,7 +7,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 from conftest import build_tiny_checkpoint
-from rag_lab.llm import EMBEDDED_MODELS, LLMCache, LLMError, Ledger, LlamaCppLLM, ModelError, OpenAILLM, TransformersLLM, assemble_parts, chat_structured, checkpoint_fingerprint, distribution_data_files, embedded_model_path, get_llm, retry_call, verify_model_file
+from rag_lab.models import EMBEDDED_MODELS, ModelError, assemble_parts, checkpoint_fingerprint, distribution_data_files, embedded_model_path, verify_model_file
+from rag_lab.calls import LLMCache, Ledger
+from rag_lab.llm import LLMError, LlamaCppLLM, OpenAILLM, TransformersLLM, chat_structured, get_llm, retry_call
 from rag_lab.parsing import ParsedAnswer, extract_json, parse_answer_statement, parse_final_answer, parse_json_verdict
 from rag_lab.data import RateLimiter
 from rag_lab.config import file_sha256, resolve_params
@@ -451,7 +453,7 @@ def test_choose_refuses_bad_options(smol):
 
 
 def test_records_replay_tamper_and_fresh_mode(tmp_path, monkeypatch):
-    from rag_lab.llm import CallRecords
+    from rag_lab.calls import CallRecords
     recs = CallRecords(tmp_path / 'records')
     make = lambda: LlamaCppLLM(SMOL, n_threads=1, cache=LLMCache(tmp_path / f'c{time.time_ns()}.sqlite'), ledger=Ledger(), records=recs)
     a = make()
@@ -488,7 +490,8 @@ def test_a_records_request_reproduces_its_json_schema_output(tmp_path):
     "The grammar emits an object's fields in its schema's property order. The key and the stored request used to "
     "sort dict keys, so they lost that order: `records verify` found 4 of 12 structured calls differing only in field "
     "order. The schema now travels as JSON text: order is part of the key, and a record's request reproduces its output."
-    from rag_lab.llm import CallRecords, GenConfig
+    from rag_lab.calls import CallRecords
+    from rag_lab.llm import GenConfig
     class Flags(BaseModel):
         relevant: bool
         support: Literal['explicit', 'implicit', 'none']

@@ -6,6 +6,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from rag_lab.metrics import as_qrels, ir_metrics, per_query, compare_runs, gate_sweep, risk_coverage, aurc, aurc_optimal
 from rag_lab.metrics import token_f1, sentence_f1
+from rag_lab.metrics import (binary_bootstrap_ci, binary_confusion, binary_metrics, bootstrap_ci, macro_f1_from_confusion,
+    mcc_from_confusion, metrics_from_confusion, outcome_codes, paired_binary_bootstrap, paired_bootstrap)
 
 QRELS = {'q1': {'d2', 'd5'}, 'q2': {'d1'}}
 RUN = {'q1': {'d1': 5.0, 'd2': 4.0, 'd3': 3.0, 'd4': 2.0, 'd5': 1.0}, 'q2': {'d3': 2.0, 'd1': 1.5}}
@@ -77,3 +79,46 @@ def test_aurc_constant_signal_is_base_rate():
 def test_f1_bounds_and_identity(sents):
     assert 0 <= token_f1(sents, sents) <= 1 and 0 <= sentence_f1(sents, sents) <= 1
     if any(any(ch.isalnum() for ch in s) for s in sents): assert token_f1(sents, sents) == 1.0
+
+# --- binary classification: macro-F1 and MCC
+
+pairs = st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=40)
+
+@given(pairs)
+def test_binary_metrics_match_sklearn(rows):
+    from sklearn.metrics import confusion_matrix, f1_score, matthews_corrcoef
+    yt, yp = map(list, zip(*rows))
+    m = binary_metrics(yt, yp)
+    tn, fp, fn, tp = confusion_matrix(yt, yp, labels=[False, True]).ravel()
+    assert binary_confusion(yt, yp) == (tp, fp, fn, tn) == (m['tp'], m['fp'], m['fn'], m['tn'])
+    assert m['macro_f1'] == pytest.approx(f1_score(yt, yp, average='macro', labels=[False, True], zero_division=0), abs=1e-12)
+    assert m['mcc'] == pytest.approx(matthews_corrcoef(yt, yp) if len(set(yt) | set(yp)) > 1 else 0.0, abs=1e-12)
+    assert m['accuracy'] == pytest.approx(np.mean(np.array(yt) == np.array(yp))) and m['n'] == len(yt)
+    assert metrics_from_confusion(m['tp'], m['fp'], m['fn'], m['tn']) == m
+
+def test_binary_metrics_edge_cases():
+    assert (macro_f1_from_confusion(0, 0, 0, 7), mcc_from_confusion(0, 0, 0, 7)) == (0.5, 0.0)   # one class: MCC 0/0 -> 0
+    assert (macro_f1_from_confusion(0, 0, 5, 95), mcc_from_confusion(0, 0, 5, 95)) == (95 / 97.5 / 2, 0.0)
+    assert mcc_from_confusion(0, 4, 4, 0) == -1.0 and macro_f1_from_confusion(0, 4, 4, 0) == 0.0
+    with pytest.raises(ValueError, match='non-negative'): metrics_from_confusion(0, -1, 0, 3)
+    with pytest.raises(ValueError, match='empty'): metrics_from_confusion(0, 0, 0, 0)
+    with pytest.raises(TypeError): mcc_from_confusion(1.5, 0, 0, 1)
+    with pytest.raises(ValueError): binary_metrics([True], [True, False])
+    with pytest.raises(ValueError): binary_metrics([], [])
+    with pytest.raises(ValueError): outcome_codes([True, False], [True])
+
+def _f1_codes(c):
+    "An independent macro-F1 of a resample of outcome codes (0 TN, 1 FP, 2 FN, 3 TP), for the resampling test."
+    tn, fp, fn, tp = (int((c == k).sum()) for k in range(4))
+    f = lambda a, b, d: 2 * a / (2 * a + b + d) if a + b + d else 0.0
+    return (f(tp, fp, fn) + f(tn, fn, fp)) / 2
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.booleans(), st.booleans()), min_size=2, max_size=50))
+def test_binary_bootstraps_resample_outcome_codes_with_the_shared_draws(rows):
+    yt, ya, yb = map(list, zip(*rows))
+    ca, cb = outcome_codes(yt, ya), outcome_codes(yt, yb)
+    assert binary_bootstrap_ci(yt, ya, n_boot=300, seed=3) == bootstrap_ci(ca, stat=_f1_codes, n_boot=300, seed=3)
+    assert paired_binary_bootstrap(yt, ya, yb, n_boot=300, seed=3) == paired_bootstrap(ca, cb, stat=_f1_codes, n_boot=300, seed=3)
+    lo, hi = binary_bootstrap_ci(yt, ya, 'mcc', n_boot=300)
+    assert -1 <= lo <= hi <= 1

@@ -7,7 +7,8 @@ from rag_lab.metrics import MIN_DECIDABLE_N
 from hypothesis import given, settings, strategies as st
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
-from rag_lab.llm import LLMCache, Ledger, LlamaCppLLM
+from rag_lab.calls import LLMCache, Ledger
+from rag_lab.llm import LlamaCppLLM
 from rag_lab.text import Corpus, Document
 from rag_lab.papers.rag2 import (PARAMS, PROFILES, RAG2_SYSTEMS, MiniLMFilter, MultiCorpus, answer_item, answer_messages, apply_filter,
                                  calibrate_filter_threshold, check_mcq, corpus_share, cost_rows, delta_ppl, eval_train_split,

@@ -57,7 +57,7 @@ def test_failing_notebook_keeps_previous_outputs_and_exits_1(tmp_path):
     assert ok.returncode == 0, ok.stdout + ok.stderr
     table = out / 'reports' / 'reason_verify' / 'table2.csv'
     before = table.read_text()
-    assert ',92.56,7.0,off,7,smoke,toy,' in before        # paper beside ours, its check, n, profile, model
+    assert ',92.56,7,off,7,smoke,toy,' in before        # paper beside ours, its check, n, profile, model
     # now the notebook writes a table and then raises: the half-finished run must not replace the good outputs
     _paper_nb(nbs / '10_reason_verify.ipynb', WRITE_TABLE.replace('res.finish()', "raise RuntimeError('boom in analysis')"))
     bad = _run('reproduce', '--notebooks', str(nbs), '--profile', 'smoke', '-p', 'n=9', '--out', str(out), '--no-progress')
@@ -229,7 +229,7 @@ def test_every_reproduce_command_in_the_readme_passes_validation():
 
 def _budget_records(tmp_path, rng):
     "A chapter of 400 calls of two kinds with spread-out token counts, and the seconds a fresh run would measure for each."
-    from rag_lab.llm import CallRecords
+    from rag_lab.calls import CallRecords
     from rag_lab.runner import nominal_seconds
     recs, calls, truth = CallRecords(tmp_path / 'records'), {}, {}
     for i in range(400):
@@ -263,7 +263,7 @@ def test_fresh_compute_estimate_covers_the_truth_from_a_random_sample(tmp_path):
     assert abs(est.recorded_hours - 400 / 3600) < 1e-9 and abs(est.nominal_hours / total - 1) > 0.2
 
 def test_budget_command_refuses_a_cache_without_recorded_calls(tmp_path, capsys):
-    from rag_lab.llm import LLMCache
+    from rag_lab.calls import LLMCache
     assert main(['records', 'budget', '--cache', str(tmp_path / 'missing.sqlite')]) == 2
     assert 'no LLM cache at' in capsys.readouterr().err
     cache = LLMCache(tmp_path / 'calls.sqlite')
@@ -273,13 +273,13 @@ def test_budget_command_refuses_a_cache_without_recorded_calls(tmp_path, capsys)
 
 def test_lanes_start_by_the_measured_estimate_when_there_is_one(tmp_path, monkeypatch):
     "Records made under a since-fixed bug overstate some chapters: a saved fresh estimate outranks the records' seconds."
-    from rag_lab import llm
-    from rag_lab.llm import CallRecords
+    from rag_lab import calls
+    from rag_lab.calls import CallRecords
     from rag_lab.runner import FRESH_ESTIMATE, longest_first
     recs = CallRecords(tmp_path / 'records')
     for slug, secs in (('reason_verify', 900.0), ('rag2', 100.0)):
         recs.write(slug, 'default', {f'{slug}-k': {'request': {'kind': 'chat'}, 'value': {'text': 'x', 'seconds': secs}}})
-    monkeypatch.setattr(llm, 'call_records', lambda: recs)
+    monkeypatch.setattr(calls, 'call_records', lambda: recs)
     assert longest_first(['rag2', 'reason_verify'], 'default') == ['reason_verify', 'rag2']
     (recs.folder('rag2', 'default') / FRESH_ESTIMATE).write_text(json.dumps({'fresh_hours': 0.5}))   # 1800 s measured
     assert longest_first(['rag2', 'reason_verify'], 'default') == ['rag2', 'reason_verify']

@@ -39,7 +39,7 @@ def test_site_has_every_part(site):
     pages = {p.relative_to(site).as_posix() for p in site.rglob('*.html')}
     assert {'intro.html', 'scorecard.html', 'papers/20_claim_aware.html', 'papers/40_verirag.html'} <= pages, sorted(pages)
     assert any(p.startswith('items/verirag') for p in pages), sorted(pages)      # the per-item browser of an LLM paper
-    assert any(p.startswith('library/04_llm') for p in pages)                     # library notebooks as API chapters
+    assert any(p.startswith('library/04c_llm') for p in pages)                     # library notebooks as API chapters
     assert (site / 'mathjax' / 'tex-chtml-full.js').exists()          # MathJax is served by the site itself
     # index.html is Jupyter Book's redirect page, without an icon link: a browser that asks for /favicon.ico first got a 404
     assert (site / 'favicon.ico').read_bytes()[:4] == b'\x00\x00\x01\x00'   # an ICO file

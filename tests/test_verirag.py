@@ -5,12 +5,15 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rag_lab.llm import LLM, LLMCache, Ledger
-from rag_lab.papers.verirag import ALPHA_GRID, CHECK_IDS, K, HVParams, PaperAudit, accept, audit_vectors, grades_to_audit, binary_metrics, calibrate, chunk_redundancy, effective_contribution, hv_score, judge_agreement, log_odds, macro_f1_from_counts, metrics_from_confusion, paper_quality, prediction_summary, score_claim, sigmoid, tallies, tau_auto
+from rag_lab.calls import LLMCache, Ledger
+from rag_lab.llm import LLM
+from rag_lab.metrics import metrics_from_confusion
+from rag_lab.papers.verirag_hv import (ALPHA_GRID, CHECK_IDS, K, BoldnessModel, HVParams, PaperAudit, accept, audit_vectors, calibrate,
+    chunk_redundancy, claim_features, classification_summary, effective_contribution, grades_to_audit, hv_score, judge_agreement, log_odds,
+    paired_f1_difference, paper_quality, prediction_summary, score_claim, sigmoid, tallies, tau_auto)
 from rag_lab.papers.verirag import (JUSTIFICATION_CHARS, ClaimCase, ClaimFeatures, EvidencePaper, PaperMethods, ProbeAnswer, VeriragParams,
-    audit_claim, audit_methods, audit_status, check_pass_rates, classification_summary, first_per_set, claim_cases, outcome_codes,
-    paired_f1_difference, predicted_valid, run_baseline, stance_confusion, temporal_scenarios, verirag_scores, verirag_verdicts)
-from rag_lab.papers.verirag import BoldnessModel, claim_features
+    audit_claim, audit_methods, audit_status, check_pass_rates, first_per_set, claim_cases, predicted_valid, run_baseline, stance_confusion,
+    temporal_scenarios, verirag_scores, verirag_verdicts)
 
 tally = st.floats(0, 50, allow_nan=False)
 alpha = st.floats(0, 3, allow_nan=False)
@@ -136,12 +139,6 @@ def test_calibrate_tie_break_avoids_alpha_zero_unless_strictly_best():
     best, _ = calibrate(margin, yt)
     assert best.alpha > 0 and best.c == max(grid.c)
     with pytest.raises(ValueError, match='margins'): calibrate(lambda p: pd.DataFrame(dict(valid=yt, margin=[0.1] * 4))[:3], yt)
-
-@given(st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=40))
-def test_macro_f1_from_counts_matches_sklearn(pairs):
-    yt, yp = zip(*pairs)
-    m = binary_metrics(yt, yp)
-    assert macro_f1_from_counts(m['tp'], m['fp'], m['fn'], m['tn']) == pytest.approx(m['macro_f1'])
 
 def test_prediction_summary_flags_one_class_and_compares_with_all_invalid():
     s = prediction_summary([True] * 5 + [False] * 95, [False] * 100)
@@ -290,14 +287,16 @@ labels = st.lists(st.tuples(st.booleans(), st.booleans(), st.booleans()), min_si
 @settings(max_examples=40, deadline=None)
 @given(labels)
 def test_summary_intervals_contain_the_estimate_and_agree_with_sklearn(rows):
+    from sklearn.metrics import confusion_matrix, f1_score, matthews_corrcoef
     yt, ya, _ = map(list, zip(*rows))
     s = classification_summary(yt, ya, n_boot=200)
-    m = binary_metrics(yt, ya)
-    assert s['macro_f1'] == pytest.approx(m['macro_f1']) and s['mcc'] == pytest.approx(m['mcc'])
-    assert s['accuracy'] == pytest.approx(100 * m['accuracy']) and s['n'] == len(yt)
+    assert s['macro_f1'] == pytest.approx(f1_score(yt, ya, average='macro', labels=[False, True], zero_division=0))
+    assert s['mcc'] == pytest.approx(matthews_corrcoef(yt, ya) if len(set(yt) | set(ya)) > 1 else 0.0)
+    assert s['accuracy'] == pytest.approx(100 * np.mean(np.array(yt) == np.array(ya))) and s['n'] == len(yt)
     for k in ('accuracy', 'macro_f1', 'mcc'):
         assert s[f'{k}_lo'] - 1e-9 <= s[f'{k}_hi']
-    assert (s['tp'], s['fp'], s['fn'], s['tn']) == (m['tp'], m['fp'], m['fn'], m['tn'])
+    tn, fp, fn, tp = confusion_matrix(yt, ya, labels=[False, True]).ravel()
+    assert (s['tp'], s['fp'], s['fn'], s['tn']) == (tp, fp, fn, tn)
 
 @settings(max_examples=40, deadline=None)
 @given(labels)
@@ -309,8 +308,8 @@ def test_paired_f1_difference_is_antisymmetric_and_zero_for_equal_systems(rows):
     same = paired_f1_difference(yt, ya, ya, n_boot=200)
     assert (same['diff'], same['lo'], same['hi'], same['verdict']) == (0.0, 0.0, 0.0, 'undecided')
 
-def test_outcome_codes_refuse_unpaired_input():
-    with pytest.raises(ValueError): outcome_codes([True, False], [True])
+def test_classification_summary_refuses_unpaired_or_empty_input():
+    with pytest.raises(ValueError): classification_summary([True, False], [True])
     with pytest.raises(ValueError): classification_summary([], [])
 
 def test_check_pass_rates_count_distinct_audited_papers():
@@ -347,9 +346,3 @@ def test_paper_confusion_matrices_reproduce_table3():
     for r in cm[cm.table == 'table3'].itertuples():
         want = paper[(paper.row == r.row) & (paper.metric == r.metric)].paper.iloc[0]
         assert metrics_from_confusion(r.tp, r.fp, r.fn, r.tn)['macro_f1'] == pytest.approx(want, abs=5e-5)
-
-def test_binary_metrics_refuses_bad_input():
-    with pytest.raises(ValueError): binary_metrics([True], [True, False])
-    with pytest.raises(ValueError): binary_metrics([], [])
-
-
