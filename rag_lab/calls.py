@@ -166,6 +166,12 @@ class CallRecords:
         r = self._load().get(key)
         return None if r is None else r['value']
 
+    def lookup(self, prefix: str) -> dict:
+        "The record whose key starts with `prefix` (as the `calls` column of an items file shows it); a KeyError if none or several."
+        hits = [k for k in self._load() if k.startswith(prefix)] if len(prefix) >= 8 else []
+        if len(hits) != 1: raise KeyError(f"{len(hits)} records match the key prefix {prefix!r} under {self.root} (give at least 8 hex digits)")
+        return self._load()[hits[0]]
+
     def __len__(self) -> int: return len(self._load())
     def __contains__(self, key: str) -> bool: return key in self._load()
 
@@ -261,6 +267,7 @@ class Ledger:
         self.differs: set[str] = set()       # keys whose recomputed result differs from its record (fresh mode)
         self.current = 'default'
         self._lock = threading.Lock()
+        self._traces: list[list[str]] = []   # open `trace` blocks
 
     @contextmanager
     def experiment(self, name: str): # e.g. 'pubmedqa/rag'
@@ -269,10 +276,20 @@ class Ledger:
         try: yield self
         finally: self.current = old
 
+    @contextmanager
+    def trace(self):
+        "Collect the keys of the calls made inside the block, in call order: the calls behind one item's answer."
+        keys: list[str] = []
+        self._traces.append(keys)
+        try: yield keys
+        finally: self._traces.remove(keys)
+
     def add(self, rec: CallRecord, request: dict | None = None, value: dict | None = None):
         "Account for one call (and remember its request and result, to record it)."
         with self._lock:
             self.records.append(rec)
+            if rec.key:
+                for keys in self._traces: keys.append(rec.key)
             if rec.key and request is not None: self.calls[rec.key] = dict(request=request, value=value)
 
     def frame(self) -> pd.DataFrame:

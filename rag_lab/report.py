@@ -15,15 +15,16 @@ from .calls import LEDGER, finish_recording, recording_folder, start_recording
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['PAPER_SLUGS', 'RESULT_COLUMNS', 'CSV_SIGNIFICANT_DIGITS', 'ITEM_COLUMNS', 'INDEX_MAX_ROWS', 'MATHJAX_PACKAGE',
-           'parse_reported', 'paper_table', 'printed_tolerance', 'check_against_paper', 'markdown_table', 'with_delta',
-           'csv_number', 'csv_text', 'without_wall_time', 'table_digests', 'prompt_digests', 'Results', 'start_run',
-           'start_notebook', 'set_style', 'scorecard', 'scorecard_text', 'rounded_for_reading', 'write_index',
-           'local_mathjax', 'item_browser', 'site_sources', 'build_site']
+__all__ = ['PAPER_SLUGS', 'RESULT_COLUMNS', 'CSV_SIGNIFICANT_DIGITS', 'ITEM_COLUMNS', 'CALL_KEY_DIGITS', 'INDEX_MAX_ROWS',
+           'MATHJAX_PACKAGE', 'parse_reported', 'paper_table', 'printed_tolerance', 'check_against_paper',
+           'markdown_table', 'with_delta', 'csv_number', 'csv_text', 'without_wall_time', 'table_digests',
+           'prompt_digests', 'Results', 'start_run', 'start_notebook', 'row_parts', 'ci_row', 'accuracy_row',
+           'comparison_rows', 'ci_text', 'comparison_text', 'table_value', 'set_style', 'scorecard', 'scorecard_text',
+           'rounded_for_reading', 'write_index', 'local_mathjax', 'item_browser', 'site_sources', 'build_site']
 
 # %% ../nbs/07_report.ipynb #ca90c1a0
 PAPER_SLUGS = tuple(PAPERS)   # from the registry: the papers in their order
-RESULT_COLUMNS = ['row', 'metric', 'paper', 'ours', 'check', 'n', 'profile', 'model', 'seed', 'note']
+RESULT_COLUMNS = ['row', 'metric', 'paper', 'ours', 'ci_low', 'ci_high', 'check', 'n', 'profile', 'model', 'seed', 'note']
 
 def parse_reported(text) -> float:
     "A number as printed in a paper ('1,234', '+2.7', '12.3M', '0.5k') as a float; NaN if there is none."
@@ -208,7 +209,7 @@ class Results:
 # %% ../nbs/07_report.ipynb #2b645e02
 @patch
 def table(self: Results, name: str, # table file stem; paper values come from the paper's CSV of the same name
-          ours: pd.DataFrame, # our numbers: columns row, metric, ours (+ optional n, model, note per row)
+          ours: pd.DataFrame, # our numbers: columns row, metric, ours (+ optional ci_low, ci_high, n, model, note per row)
           model: str | None = None, # what produced the numbers (model id, or a method name)
           n: int | None = None, # evaluation items behind each number (per-row `n` column wins)
           paper_rows: str = 'all', # 'all': keep paper cells we did not compute (ours empty); 'matched': drop them
@@ -224,7 +225,10 @@ def table(self: Results, name: str, # table file stem; paper values come from th
     o['row'], o['metric'] = o['row'].astype(str), o['metric'].astype(str)
     dup = o.duplicated(['row', 'metric'])
     if dup.any(): raise ValueError(f"table {name!r}: duplicate (row, metric) {o.loc[dup, ['row', 'metric']].values.tolist()[:3]}")
-    o['ours'] = pd.to_numeric(o['ours'], errors='raise')
+    bounds = o.metric[o.metric.str.contains(r'\bCI (?:low|high)\b|\b(?:lower|upper) bound\b', regex=True)]
+    if len(bounds): raise ValueError(f"table {name!r}: interval bounds go in the ci_low / ci_high columns, not in rows ({sorted(set(bounds))[:3]})")
+    for c in ('ours', 'ci_low', 'ci_high'):
+        o[c] = pd.to_numeric(o[c], errors='raise') if c in o else float('nan')
     o['_i'] = range(len(o))  # rows the paper lacks keep our order (an outer merge sorts its keys)
     paper = paper_table(self.slug, paper_from or name)
     if paper_row_map:  # rows named by method are compared with the paper's rows named by its model
@@ -251,7 +255,7 @@ def table(self: Results, name: str, # table file stem; paper values come from th
     else: df['n'] = df['n'].fillna(n) if n is not None else df['n']
     if 'model' not in df: df['model'] = model
     else: df['model'] = df['model'].fillna(model) if model is not None else df['model']
-    df.loc[paper_only, ['n', 'model']] = None
+    df.loc[paper_only, ['n', 'model', 'ci_low', 'ci_high']] = None
     df['profile'], df['seed'] = self.run.profile, self.run.params.get('seed')
     df.loc[paper_only, ['profile', 'seed']] = None
     note = df['note'].fillna('') if 'note' in df else pd.Series('', index=df.index)
@@ -284,7 +288,14 @@ def start_notebook(slug: str, # paper slug
     return p, Results(run)
 
 # %% ../nbs/07_report.ipynb #150a2013
-ITEM_COLUMNS = ('dataset', 'item_id', 'system', 'pred', 'gold', 'correct')   # first columns of every items_*.csv
+ITEM_COLUMNS = ('dataset', 'item_id', 'system', 'pred', 'gold', 'correct', 'confidence', 'option_logprobs', 'raw', 'calls')
+CALL_KEY_DIGITS = 16   # a call key as an items file shows it: enough to be unique, short enough to read
+
+def _item_cell(col: str, v):
+    "A core column's value as the items file writes it: option log-probabilities as JSON, call keys as short prefixes."
+    if col == 'option_logprobs' and isinstance(v, dict): return json.dumps({k: round(float(x), 4) for k, x in v.items()}, ensure_ascii=False)
+    if col == 'calls' and isinstance(v, (list, tuple)): return ' '.join(k[:CALL_KEY_DIGITS] for k in v)
+    return v
 
 @patch
 def items(self: Results, name: str, # file stem: written as `items_<name>.csv`
@@ -292,12 +303,70 @@ def items(self: Results, name: str, # file stem: written as `items_<name>.csv`
          ) -> Path:
     "Write per-item predictions as `reports/<slug>/items_<name>.csv` (ITEM_COLUMNS first); returns the path."
     missing = [c for c in ITEM_COLUMNS if c not in df.columns]
-    if missing: raise ValueError(f"items {name!r}: missing column(s) {missing}")
+    if missing: raise ValueError(f"items {name!r}: missing column(s) {missing} (the items contract: {', '.join(ITEM_COLUMNS)})")
     dup = df.duplicated(['dataset', 'item_id', 'system'])
     if dup.any(): raise ValueError(f"items {name!r}: duplicate (dataset, item_id, system) {df.loc[dup, ['dataset', 'item_id', 'system']].values.tolist()[:3]}")
-    out = df[list(ITEM_COLUMNS) + [c for c in df.columns if c not in ITEM_COLUMNS]]
+    out = df[list(ITEM_COLUMNS) + [c for c in df.columns if c not in ITEM_COLUMNS]].copy()
+    for c in ('option_logprobs', 'calls'): out[c] = [_item_cell(c, v) for v in out[c]]
     self.tables[f'items_{name}'] = out
     return atomic_write_text(self.report_dir / f'items_{name}.csv', csv_text(out))
+
+# %% ../nbs/07_report.ipynb #5e4a0381
+def row_parts(row: str, # a row label '<system> / <subset>'
+             ) -> tuple[str, str]: # (system, subset); subset '' when the label has none
+    "Split a row label at its last ' / ' (subset names may contain '/', as in 'BioASQ-Y/N', never ' / ')."
+    system, sep, subset = str(row).rpartition(' / ')
+    return (system, subset) if sep else (str(row), '')
+
+def ci_row(row: str, # '<system> / <subset>'
+           metric: str, # what the value is, e.g. 'macro-F1'
+           value: float, lo: float, hi: float, # the value and its 95% interval
+           n: int | None = None, # items behind it
+           note: str = '', **extra) -> dict:
+    "A contract row holding a value with its 95% interval in `ci_low` / `ci_high`."
+    return dict(row=row, metric=metric, ours=value, ci_low=lo, ci_high=hi, n=n, note=note) | extra
+
+def accuracy_row(row: str, # '<system> / <subset>'
+                 a: dict, # `metrics.accuracy(...)`: acc, lo, hi, n, n_unparsed
+                 **extra) -> dict:
+    "The row of an accuracy (%) with its 95% interval; unparseable answers (scored wrong) are counted in the note."
+    note = f"{a['n_unparsed']} unparseable answers counted wrong" if a.get('n_unparsed') else ''
+    return ci_row(row, 'accuracy (%)', a['acc'], a['lo'], a['hi'], a['n'], note) | extra
+
+def comparison_rows(row: str, # '<method> vs <baseline> / <subset>'
+                    c: dict, # `metrics.compare_paired(...)`: diff, lo, hi, p_mcnemar, n, verdict, note
+                    note: str | None = None, # default: the comparison's own note (verdict first)
+                    **extra) -> list[dict]:
+    "The rows of a paired comparison: Δ accuracy (points) with its 95% interval, and the exact McNemar p."
+    note = c['note'] if note is None else note
+    return [ci_row(row, 'Δ accuracy (points)', c['diff'], c['lo'], c['hi'], c['n'], note) | extra,
+            dict(row=row, metric='McNemar p', ours=c['p_mcnemar'], n=c['n'], note=note) | extra]
+
+# %% ../nbs/07_report.ipynb #61d73a09
+def ci_text(value: float, lo: float, hi: float, # a value and its 95% interval
+            digits: int = 1, # decimals
+            signed: bool = False, # '+3.3' (differences) rather than '3.3'
+           ) -> str:
+    "'44.7 [36.7, 52.0]', or for a difference '+3.3 [−4.0, +10.7]' (a true minus sign); '—' when the value is missing."
+    if value is None or (isinstance(value, float) and math.isnan(value)): return '—'
+    f = (lambda x: f'{x:+.{digits}f}') if signed else (lambda x: f'{x:.{digits}f}')
+    return f'{f(value)} [{f(lo)}, {f(hi)}]'.replace('-', '−')
+
+def comparison_text(c: dict, # `metrics.compare_paired(...)`
+                    digits: int = 1, # decimals of the difference
+                   ) -> str:
+    "A paired comparison in one phrase: '+3.3 points [−4.0, +10.7], McNemar p = 0.5, n = 150: undecided'."
+    return (f"{ci_text(c['diff'], c['lo'], c['hi'], digits, signed=True).replace(' [', ' points [', 1)}, "
+            f"McNemar p = {c['p_mcnemar']:.2g}, n = {c['n']}: {c['verdict']}")
+
+def table_value(t: pd.DataFrame, # a table `Results.table` returned (or read from its CSV)
+                row: str, metric: str, # the cell's labels
+                col: str = 'ours', # or 'ci_low', 'ci_high', 'paper', 'n', 'note'
+               ):
+    "One cell of a contract table, by row and metric; a KeyError that names both when the table has no such row."
+    hit = t[(t['row'] == row) & (t['metric'] == metric)]
+    if len(hit) != 1: raise KeyError(f"no single row ({row!r}, {metric!r}) in the table ({len(hit)} found)")
+    return hit[col].iloc[0]
 
 # %% ../nbs/07_report.ipynb #1d4328ca
 def set_style() -> None:
