@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal, Sequence
 import pandas as pd
 from fastcore.basics import patch
-from .config import atomic_write_bytes, atomic_write_text, cache_dir, repo_root
+from .config import atomic_write_bytes, atomic_write_text, cache_dir, repo_root, run_context
 
 # %% auto #0
 __all__ = ['CacheMode', 'SHARD_LIMIT', 'RecordsMode', 'LOGPROB_TOL', 'API_PRICES_USD_PER_1M', 'LEDGER', 'CacheError', 'LLMCache',
@@ -38,7 +38,7 @@ class LLMCache:
                 ):
         self.path = Path(path) if path else cache_dir('llm') / 'calls.sqlite'
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.mode = self._check_mode(mode or os.environ.get('RAG_LAB_LLM_CACHE', '').strip().lower() or 'on')
+        self.mode = self._check_mode(mode or run_context().llm_cache)
         self.hits = self.misses = self.writes = self.rejected = 0
         self._local, self._lock = threading.local(), threading.Lock()
         self._sql("CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, kind TEXT, backend TEXT, model TEXT, "
@@ -113,7 +113,7 @@ def _cache_at(path: str) -> LLMCache: return LLMCache(path)
 def _default_cache() -> LLMCache:
     "One shared cache object per database path (so the statistics add up across backends)."
     c = _cache_at(str(cache_dir('llm') / 'calls.sqlite'))
-    c.mode = LLMCache._check_mode(os.environ.get('RAG_LAB_LLM_CACHE', '').strip().lower() or 'on')
+    c.mode = run_context().llm_cache
     return c
 
 # %% ../nbs/04b_calls.ipynb #aaa5080e
@@ -218,17 +218,14 @@ RecordsMode = Literal['replay', 'fresh', 'off']
 
 def records_mode() -> str:
     "How committed records are used: $RAG_LAB_RECORDS = replay (default), fresh (recompute and compare) or off."
-    m = os.environ.get('RAG_LAB_RECORDS', '').strip().lower() or 'replay'
-    if m not in ('replay', 'fresh', 'off'): raise ValueError(f"RAG_LAB_RECORDS must be replay, fresh or off, not {m!r}")
-    return m
+    return run_context().records_mode
 
 @lru_cache(maxsize=None)
 def _records_at(root: str) -> CallRecords: return CallRecords(root)
 
 def call_records() -> CallRecords:
     "The records of this checkout (`<repo>/records`, or $RAG_LAB_RECORDS_DIR)."
-    d = os.environ.get('RAG_LAB_RECORDS_DIR', '').strip()
-    return _records_at(str(Path(d).expanduser().resolve() if d else repo_root() / 'records'))
+    return _records_at(str(run_context().records_dir or repo_root() / 'records'))
 
 LOGPROB_TOL = 0.15  # a recomputed log-probability (sum over an option's tokens) agrees with its record within this
 
@@ -331,7 +328,7 @@ LEDGER = Ledger()
 # %% ../nbs/04b_calls.ipynb #f3c88fc2
 def _write_progress(state: dict) -> None:
     "Write the stage's progress to $RAG_LAB_PROGRESS (if set) atomically, for `rag-lab reproduce` to display."
-    if not (path := os.environ.get('RAG_LAB_PROGRESS', '').strip()): return
+    if (path := run_context().progress) is None: return
     try: atomic_write_text(path, json.dumps(state))
     except OSError: pass  # progress is a courtesy: never fail a run over it
 
@@ -354,7 +351,7 @@ def track(items: Iterable, # the items of one stage, e.g. the questions of a dat
     start, t0, last = len(led.records), time.perf_counter(), 0.0
     n_computed = lambda: sum(r.source == 'computed' for r in led.records[start:])
     slow_items, slow_seconds = 0, 0.0   # items that computed at least one call, and the time they took
-    bar = tqdm(items, desc=desc, total=total, unit='item', dynamic_ncols=True, disable=os.environ.get('RAG_LAB_PROGRESS_BAR') == '0')
+    bar = tqdm(items, desc=desc, total=total, unit='item', dynamic_ncols=True, disable=not run_context().progress_bar)
     def report(done: int, final: bool = False):
         nonlocal last
         computed = n_computed()
@@ -365,7 +362,7 @@ def track(items: Iterable, # the items of one stage, e.g. the questions of a dat
         eta = per_item * (total - done) if per_item is not None and total else None
         bar.set_postfix_str(f'calls: {computed} computed, {replayed} replayed' + (f', ETA {clock(eta)}' if eta else ''), refresh=False)
         if final or now - last >= 1.0:
-            _write_progress(dict(notebook=os.environ.get('RAG_LAB_NOTEBOOK', ''), stage=desc, done=done, total=total,
+            _write_progress(dict(notebook=run_context().notebook, stage=desc, done=done, total=total,
                                  elapsed=round(el, 1), seconds_per_item=None if per_item is None else round(per_item, 1),
                                  eta=None if eta is None else round(eta, 1), computed=computed, replayed=replayed, final=final))
             last = now
@@ -389,7 +386,7 @@ class Recorder:
         self.slug, self.profile = slug, profile
         self.ledger = ledger if ledger is not None else LEDGER
         self.records = records if records is not None else call_records()
-        self.every = every if every is not None else float(os.environ.get('RAG_LAB_RECORD_EVERY', '') or 600)
+        self.every = every if every is not None else run_context().record_every
         self.last, self.written = time.monotonic(), 0
 
     def _new_calls(self) -> dict[str, dict]:
@@ -415,7 +412,7 @@ _RECORDER: Recorder | None = None
 def start_recording(slug: str, profile: str, **kw) -> Recorder | None:
     "Record this run's calls into records/<slug>/<profile> if $RAG_LAB_RECORD is 1; returns the recorder (or None)."
     global _RECORDER
-    _RECORDER = Recorder(slug, profile, **kw) if os.environ.get('RAG_LAB_RECORD', '').strip() == '1' else None
+    _RECORDER = Recorder(slug, profile, **kw) if run_context().record else None
     return _RECORDER
 
 def active_recorder() -> Recorder | None:

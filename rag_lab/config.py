@@ -5,16 +5,19 @@
 # %% ../nbs/00_config.ipynb #2968b1a6
 from __future__ import annotations
 import os, sys, json, time, random, platform, subprocess, hashlib, tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from datetime import datetime, timezone
 from importlib import metadata
 from typing import Any, Literal
+from .papers import get_paper   # the registry: a leaf module below every layer (it loads paper modules by name, on use)
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, TypeAdapter, field_validator, model_validator
 
 # %% auto #0
-__all__ = ['DEFAULT_SEED', 'SEED_MAX', 'PROFILES', 'Backend', 'DEFAULT_GENERATOR', 'SMOKE_LLM', 'repo_root', 'data_root',
-           'cache_dir', 'out_root', 'scratch_root', 'atomic_write_bytes', 'atomic_write_text', 'seed_everything',
-           'quiet_loading', 'comma_list_of', 'NotebookParams', 'LLMParams', 'param_schema', 'resolve_params',
+__all__ = ['DEFAULT_SEED', 'SEED_MAX', 'PROFILES', 'Backend', 'DEFAULT_GENERATOR', 'SMOKE_LLM', 'CAPABILITY_TEXT',
+           'BACKEND_CAPABILITIES', 'repo_root', 'data_root', 'cache_dir', 'out_root', 'scratch_root', 'RunContext',
+           'run_context', 'atomic_write_bytes', 'atomic_write_text', 'seed_everything', 'quiet_loading',
+           'comma_list_of', 'NotebookParams', 'LLMParams', 'backend_refusal', 'param_schema', 'resolve_params',
            'parse_param', 'check_params', 'package_versions', 'git_commit', 'file_sha256', 'RunInfo', 'run_params',
            'injected_parameters', 'notebook_params']
 
@@ -46,7 +49,7 @@ def cache_dir(*parts: str) -> Path:
 def out_root(out_dir: str | Path | None = None) -> Path:
     "Where `reports/` and `figures/` go: `out_dir`, else `$RAG_LAB_OUT`, else the repository root."
     if out_dir: return Path(out_dir).expanduser().resolve()
-    return _env_path('RAG_LAB_OUT', repo_root())
+    return run_context().out or repo_root()
 
 def scratch_root(profile: str, # the run's profile, part of the folder name
                  tag: str = '', # e.g. 'notebook' for a notebook run by hand
@@ -57,6 +60,62 @@ def scratch_root(profile: str, # the run's profile, part of the folder name
     p, i = base, 1
     while p.exists(): p, i = base.with_name(f'{base.name}.{i}'), i + 1   # two runs in the same second
     return p
+
+# %% ../nbs/00_config.ipynb #7dd69fdc
+@dataclass(frozen=True)
+class RunContext:
+    "The run state a kernel inherits from `rag-lab reproduce` (see the table above); `run_context()` reads it."
+    out: Path | None = None
+    record: bool = False
+    records_mode: Literal['replay', 'fresh', 'off'] = 'replay'
+    records_dir: Path | None = None
+    record_every: float = 600.0
+    llm_cache: Literal['on', 'off', 'refresh'] = 'on'
+    progress: Path | None = None
+    progress_bar: bool = True
+    notebook: str = ''
+    llm_threads: int | None = None
+    in_test: bool = False
+
+    ENV = dict(out='RAG_LAB_OUT', record='RAG_LAB_RECORD', records_mode='RAG_LAB_RECORDS', records_dir='RAG_LAB_RECORDS_DIR',
+               record_every='RAG_LAB_RECORD_EVERY', llm_cache='RAG_LAB_LLM_CACHE', progress='RAG_LAB_PROGRESS',
+               progress_bar='RAG_LAB_PROGRESS_BAR', notebook='RAG_LAB_NOTEBOOK', llm_threads='RAG_LAB_LLM_THREADS', in_test='IN_TEST')
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, # default: os.environ
+                ) -> 'RunContext':
+        "The run state the environment describes; a ValueError naming the variable for a value it cannot take."
+        env = os.environ if env is None else env
+        get = lambda f: (env.get(cls.ENV[f]) or '').strip()
+        def choice(f, allowed, default):
+            v = get(f).lower() or default
+            if v not in allowed: raise ValueError(f"{cls.ENV[f]}={get(f)!r}: choose one of {', '.join(allowed)}")
+            return v
+        def number(f, kind, default, low):
+            if not get(f): return default
+            try: v = kind(get(f))
+            except ValueError: v = None
+            if v is None or not v >= low or v != v or v == float('inf'): raise ValueError(f"{cls.ENV[f]}={get(f)!r}: not a {kind.__name__} ≥ {low}")
+            return v
+        path = lambda f: Path(get(f)).expanduser().resolve() if get(f) else None
+        return cls(out=path('out'), record=get('record') == '1', records_mode=choice('records_mode', ('replay', 'fresh', 'off'), 'replay'),
+                   records_dir=path('records_dir'), record_every=number('record_every', float, 600.0, 0.0),
+                   llm_cache=choice('llm_cache', ('on', 'off', 'refresh'), 'on'), progress=path('progress'),
+                   progress_bar=get('progress_bar') != '0', notebook=get('notebook'),
+                   llm_threads=number('llm_threads', int, None, 1), in_test=bool(get('in_test')))
+
+    def as_env(self) -> dict[str, str]:
+        "The environment variables that describe this state (defaults left out), for a kernel the runner starts."
+        out, default = {}, RunContext()
+        for f, var in self.ENV.items():
+            v = getattr(self, f)
+            if v == getattr(default, f): continue
+            out[var] = '1' if v is True else '0' if v is False else str(v)
+        return out
+
+def run_context() -> RunContext:
+    "This process's run state, read from its environment now (a test or the runner may change it between calls)."
+    return RunContext.from_env()
 
 # %% ../nbs/00_config.ipynb #1ea486a9
 def atomic_write_bytes(path: Path | str, # the file to (re)write; its folder is created
@@ -137,16 +196,46 @@ class LLMParams(NotebookParams):
     temperature: float = Field(0.0, ge=0, le=2)
     max_tokens: int = Field(512, ge=1, le=32768)
 
-# %% ../nbs/00_config.ipynb #1cf291a2
-def _paper(slug: str): # paper slug
-    "The registered paper `slug`; the registry (`index.ipynb`, above this layer: it loads the paper modules) is imported on first use."
-    from rag_lab.papers import get_paper
-    return get_paper(slug)
+    def needs(self) -> dict[str, tuple[set[str], str]]:
+        "Backend parameter -> (capabilities the run needs of that backend, which part of the run needs them); papers extend it."
+        return {'backend': ({'chat'}, 'every LLM chapter')}
 
+    @model_validator(mode='after')
+    def _backends_can_run(self):
+        problems = [f"{field}: {r}" for field, (caps, why) in self.needs().items()
+                    if (r := backend_refusal(getattr(self, field) or self.backend, caps, why))]
+        if problems: raise ValueError('; '.join(problems))
+        return self
+
+# %% ../nbs/00_config.ipynb #2092c9bc
+CAPABILITY_TEXT = {   # capability -> what it lets a chapter do
+    'chat': 'generate text from chat messages',
+    'score_text': 'score a continuation of raw text',
+    'score_chat': 'score options or continuations after a chat prompt rendered with the model\'s template',
+    'json_schema': 'constrain decoding to a JSON schema',
+}
+BACKEND_CAPABILITIES: dict[str, frozenset[str]] = {
+    'llamacpp': frozenset({'chat', 'score_text', 'score_chat', 'json_schema'}),
+    'transformers': frozenset({'chat', 'score_text', 'score_chat'}),   # JSON by prompt and repair, not by grammar
+    'openai': frozenset({'chat', 'score_text', 'json_schema'}),        # an endpoint renders chat itself: no scores after it
+}
+
+def backend_refusal(backend: str, # a backend name
+                    needs: set[str], # capabilities the run needs of it
+                    why: str, # which part of the run needs them, for the message
+                   ) -> str | None: # the reason it cannot run, or None
+    "Why `backend` cannot serve a run that needs `needs` (None when it can)."
+    missing = sorted(needs - BACKEND_CAPABILITIES[backend])
+    if not missing: return None
+    can = sorted(b for b, caps in BACKEND_CAPABILITIES.items() if needs <= caps)
+    return (f"backend {backend!r} cannot {' or '.join(CAPABILITY_TEXT[m] for m in missing)}, which {why} needs; "
+            f"backends that can: {', '.join(can) or 'none'}")
+
+# %% ../nbs/00_config.ipynb #1cf291a2
 def param_schema(slug: str, # paper slug, e.g. 'claim_aware'
                 ) -> type[NotebookParams]:
     "The parameter class of a registered paper."
-    return _paper(slug).params
+    return get_paper(slug).params
 
 def resolve_params(slug: str, # paper slug, e.g. 'claim_aware'
                    profile: str = 'default', # 'smoke', 'default' or 'paper'
@@ -154,7 +243,7 @@ def resolve_params(slug: str, # paper slug, e.g. 'claim_aware'
                   ) -> NotebookParams:
     "The profile's values for `slug` updated with the non-None `overrides`, validated."
     if profile not in PROFILES: raise ValueError(f"unknown profile {profile!r}; choose from {', '.join(PROFILES)}")
-    paper = _paper(slug)
+    paper = get_paper(slug)
     schema = paper.params
     unknown = set(overrides) - set(schema.model_fields)
     if unknown: raise ValueError(f"unknown parameter(s) for {slug}: {', '.join(sorted(unknown))}; "
@@ -167,7 +256,7 @@ def parse_param(slug: str, # paper slug
                 text: str, # value as typed on the command line
                ) -> Any: # the value, converted to the parameter's type
     "Convert and check one command-line `name=value` for `slug`, raising `ValueError` with a clear message."
-    paper = _paper(slug)
+    paper = get_paper(slug)
     schema = paper.params
     if name not in schema.model_fields:
         raise ValueError(f"unknown parameter {name!r} for {slug}; known: {', '.join(schema.model_fields)}")
@@ -188,7 +277,7 @@ def check_params(slug: str, # paper slug
                  values: dict[str, Any], # parsed command-line values (`parse_param`)
                 ) -> dict[str, Any]: # the same values, as the validators normalised them
     "Check a run's command-line values together, on top of its profile's (e.g. n and n_secondary), with a clear `ValueError`."
-    paper = _paper(slug)
+    paper = get_paper(slug)
     try: checked = paper.params(profile=profile, **{**paper.profiles[profile], **values})
     except ValidationError as e:
         given = ', '.join(f'{k}={v!r}' for k, v in values.items())
@@ -261,7 +350,7 @@ def run_params(slug: str, # paper slug
                profile: str | None = None, # None: 'smoke' under nbdev_test (IN_TEST set), else 'default'
                **overrides) -> tuple[NotebookParams, RunInfo]:
     "Resolve, validate and seed a paper notebook's parameters; start its run record."
-    if profile is None: profile = 'smoke' if os.environ.get('IN_TEST') else 'default'
+    if profile is None: profile = 'smoke' if run_context().in_test else 'default'
     try: p = resolve_params(slug, profile, **overrides)
     except ValidationError as e:
         raise ValueError(f"bad parameter value(s) for {slug}: " + '; '.join(

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Sequence
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from .config import DEFAULT_GENERATOR, LLMParams, file_sha256, quiet_loading
+from .config import BACKEND_CAPABILITIES, DEFAULT_GENERATOR, LLMParams, file_sha256, quiet_loading, run_context
 from .data import RateLimiter
 from .parsing import ParsedAnswer, extract_json
 from .models import EMBEDDED_MODELS, ModelError, checkpoint_fingerprint, embedded_model_path, verify_model_file
@@ -141,6 +141,11 @@ class LLM:
                     context_tokens=rs[0]['context_tokens'])
     def render(self, messages: Sequence[dict]) -> str:
         raise LLMError(f"backend {self.backend!r} cannot render a chat template; pass raw text")
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        "What this backend can do (`config.BACKEND_CAPABILITIES`, the one place that says it)."
+        return BACKEND_CAPABILITIES[self.backend]
 
     @property
     def model_id(self) -> str:
@@ -277,8 +282,9 @@ def _log_softmax(logits) -> 'np.ndarray':
 
 def default_threads() -> int:
     "llama.cpp threads: $RAG_LAB_LLM_THREADS, else 1 under nbdev_test (notebooks run in parallel), else all usable cores."
-    if (v := os.environ.get('RAG_LAB_LLM_THREADS', '').strip()): return max(1, int(v))
-    if os.environ.get('IN_TEST'): return 1  # llama.cpp's spinning threads slow down badly when cores are shared
+    ctx = run_context()
+    if ctx.llm_threads: return ctx.llm_threads
+    if ctx.in_test: return 1  # llama.cpp's spinning threads slow down badly when cores are shared
     return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
 
 _OPEN_LLAMAS = weakref.WeakSet()

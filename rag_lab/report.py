@@ -9,7 +9,7 @@ from pathlib import Path
 from importlib import resources
 import numpy as np
 import pandas as pd
-from .config import NotebookParams, RunInfo, atomic_write_bytes, atomic_write_text, notebook_params, out_root, run_params, scratch_root
+from .config import NotebookParams, RunInfo, atomic_write_bytes, atomic_write_text, notebook_params, out_root, run_context, run_params, scratch_root
 from .papers import CHAPTERS, PAPERS
 from .calls import LEDGER, finish_recording, recording_folder, start_recording
 from fastcore.basics import patch
@@ -158,17 +158,16 @@ class Results:
                 ):
         if run.slug not in CHAPTERS: raise ValueError(f"unknown paper slug {run.slug!r}; known: {tuple(CHAPTERS)}")
         self.run, self.slug = run, run.slug
-        self.root = self._root(out_dir or os.environ.get('RAG_LAB_OUT'), run.profile)
+        self.root = self._root(out_dir or run_context().out, run.profile)
         self.report_dir, self.figure_dir = self.root / 'reports' / self.slug, self.root / 'figures' / self.slug
         self.tables: dict[str, pd.DataFrame] = {}
         self.figures: list[str] = []
-        start_recording(self.slug, run.profile)   # a no-op unless $RAG_LAB_RECORD is 1
 
     @staticmethod
     def _root(explicit: str | Path | None, profile: str) -> Path:
         "The output root: the one named (`rag-lab reproduce` stages there), a temp folder under nbdev_test, else scratch."
         if explicit: return out_root(explicit)
-        if os.environ.get('IN_TEST'): return Path(tempfile.mkdtemp(prefix='rag_lab_test_'))
+        if run_context().in_test: return Path(tempfile.mkdtemp(prefix='rag_lab_test_'))
         # run by hand (JupyterLab, papermill): never over the published results, which only `make reproduce` writes
         root = scratch_root(profile, 'notebook')
         print(f"outputs of this run go to {root} (scratch; the published results are written only by `make reproduce`)")
@@ -278,6 +277,7 @@ def start_run(slug: str, # paper slug
     if overrides.pop('out_dir', None) is not None:
         raise ValueError("out_dir is not a parameter: outputs go where `rag-lab reproduce --out` says (staged, then published)")
     p, run = run_params(slug, profile, **overrides)
+    start_recording(slug, run.profile)   # a no-op unless the run context says record
     return p, Results(run)
 
 def start_notebook(slug: str, # paper slug
@@ -285,6 +285,7 @@ def start_notebook(slug: str, # paper slug
                   ) -> tuple[NotebookParams, Results]:
     "`start_run` for a paper notebook: parameters read from its namespace, a misspelt injected name refused."
     p, run = notebook_params(slug, namespace)
+    start_recording(slug, run.profile)   # a no-op unless the run context says record
     return p, Results(run)
 
 # %% ../nbs/07_report.ipynb #150a2013

@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from . import __version__
-from .config import PROFILES, parse_param, check_params, repo_root, out_root, scratch_root, atomic_write_text
+from dataclasses import replace
+from .config import PROFILES, RunContext, parse_param, check_params, repo_root, out_root, run_context, scratch_root, atomic_write_text
 from .papers import CHAPTERS, PAPERS
 from .calls import clock
 from .report import write_index, scorecard_text
@@ -178,7 +179,7 @@ def run_notebook(slug: str, # paper slug
                  nbs_dir: Path, # folder with the notebooks (the kernel's working directory)
                  out: Path, # output root: reports/ and figures/ go here
                  progress: bool = True, # print each LLM stage's progress (done/total, ETA) while the notebook runs
-                 env: dict[str, str | None] | None = None, # more environment for the kernel (records mode, threads)
+                 env: dict[str, str] | None = None, # the kernel's run state (`RunContext.as_env()`: records mode, recording, threads)
                 ) -> str:
     "Execute one paper notebook in its own staging folder; publish its outputs only if it succeeds. Returns 'ok' or the error."
     import papermill as pm
@@ -187,9 +188,9 @@ def run_notebook(slug: str, # paper slug
     executed = out / 'reports' / 'executed' / nb
     executed.parent.mkdir(parents=True, exist_ok=True)
     prog, stop = staging / 'progress.json', threading.Event()
-    kenv = {**os.environ, **dict(RAG_LAB_OUT=str(staging), PYTHONHASHSEED=KERNEL_HASHSEED, RAG_LAB_PROGRESS=str(prog),
-                                 RAG_LAB_NOTEBOOK=slug, RAG_LAB_RESULTS_ROOT=str(out)), **(env or {})}   # chapters that read others' outputs read them here
-    kenv = {k: v for k, v in kenv.items() if v is not None}
+    inherited = {k: v for k, v in os.environ.items() if k not in RunContext.ENV.values()}   # the run state comes from `env` only
+    kenv = {**inherited, 'PYTHONHASHSEED': KERNEL_HASHSEED, 'RAG_LAB_RESULTS_ROOT': str(out), **(env or {}),   # chapters that read others' outputs read them here
+            **RunContext(out=staging, progress=prog, notebook=slug).as_env()}
     watcher = threading.Thread(target=_watch, args=(prog, slug, stop), daemon=True)
     try:
         if progress: watcher.start()
@@ -266,7 +267,7 @@ def longest_first(slugs: list[str], # chapters that may run side by side
 # %% ../nbs/08_runner.ipynb #3af77fb9
 def _kernel_threads(jobs: int) -> str | None:
     "llama.cpp threads per kernel when `jobs` notebooks share the machine (None: leave `default_threads` to decide)."
-    if jobs <= 1 or os.environ.get('RAG_LAB_LLM_THREADS'): return None
+    if jobs <= 1 or run_context().llm_threads: return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
     return str(max(1, cores // jobs))
 
@@ -298,6 +299,8 @@ def reproduce(profile: str = 'default', only: list[str] | None = None, params: l
     try:
         if profile not in PROFILES: raise UsageError(f"unknown profile {profile!r}; choose from {', '.join(PROFILES)}")
         if jobs < 1: raise UsageError(f"--jobs must be at least 1, got {jobs}")
+        try: ctx = run_context()   # a bad RAG_LAB_* value is refused here, before any notebook starts
+        except ValueError as e: raise UsageError(str(e)) from None
         plan = plan_run(only, list(params), nbs_dir, profile)
         if record and profile not in RECORDED_PROFILES: raise UsageError(f"--record is for the {' and '.join(RECORDED_PROFILES)} profiles")
         dest, published = destination(profile, list(params), out, publish, notebooks)
@@ -307,8 +310,8 @@ def reproduce(profile: str = 'default', only: list[str] | None = None, params: l
         print(f"rag-lab: error: {e}", file=sys.stderr); return 2
     print(f"writing to {root}" + (" (the published results)" if published else
                                   " (scratch: the committed results in reports/ and figures/ are untouched)"), flush=True)
-    env = dict(RAG_LAB_RECORDS='fresh' if fresh else None,
-               RAG_LAB_RECORD='1' if record or (profile in RECORDED_PROFILES and published and not params) else None)
+    env = replace(ctx, records_mode='fresh' if fresh else ctx.records_mode,
+                  record=record or (profile in RECORDED_PROFILES and published and not params)).as_env()
     try:
         t0 = time.time()
         status = _run_all(plan, profile, nbs_dir, root, progress, env, jobs)

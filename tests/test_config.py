@@ -58,3 +58,18 @@ def test_old_module_names_are_gone(repo):
     "One name per paper: the pre-registry module names do not come back."
     for old in ('reasonverify', 'reasoner', 'evidence', 'verirag_pipeline', 'eval', 'ireval', 'pubmed', 'biocorpus'):
         assert not (repo / 'rag_lab' / f'{old}.py').exists(), old
+
+
+@pytest.mark.parametrize('slug,kw,ok', [
+    ('rag2', dict(backend='openai', model='m'), False),                                   # ΔPPL labels score after a chat prompt
+    ('pubmed_reasoner', dict(backend='openai', model='m', answer_mode='free_text'), False),  # the answer step always scores
+    ('verirag', dict(backend='openai', model='m'), False), ('verirag', dict(backend='openai', model='m', answer_mode='free_text'), True),
+    ('reason_verify', dict(backend='openai', model='m'), False), ('reason_verify', dict(backend='openai', model='m', answer_mode='free_text'), True),
+    ('rag2', dict(backend='transformers', model='m'), True),
+])
+def test_a_backend_that_cannot_run_the_chapter_is_refused_when_the_parameters_are_read(slug, kw, ok):
+    "One table (config.BACKEND_CAPABILITIES) and each chapter's needs() decide; rag2 and pubmed_reasoner used to accept "
+    "backend=openai and fail mid-run."
+    if ok: resolve_params(slug, 'default', **kw)
+    else:
+        with pytest.raises(ValueError, match="backend 'openai' cannot score"): resolve_params(slug, 'default', **kw)

@@ -90,7 +90,8 @@ def _from_own_counts(r) -> bool:
     m = re.search(r'TP/FP/FN/TN (\d+)/(\d+)/(\d+)/(\d+)', str(r.note))
     if not m or not re.search(r'macro-F1|MCC', str(r.metric)): return False
     f1, mcc = _macro_f1_and_mcc(*map(int, m.groups()))
-    return math.isclose(float(r.ours), f1 if 'F1' in r.metric else mcc, abs_tol=1e-9)
+    # within the CSV's precision (6 significant digits: 7/17 is written 0.411765)
+    return math.isclose(float(r.ours), f1 if 'F1' in r.metric else mcc, rel_tol=1e-5, abs_tol=1e-9)
 
 
 @pytest.mark.parametrize('csv', CSVS, ids=[f'{p.parent.name}/{p.name}' for p in CSVS])
@@ -118,6 +119,7 @@ def test_the_scan_catches_what_it_is_for(tmp_path):
     # SciFact claims scores macro-F1 7/17, which one of the paper's derived matrices also gives)
     from types import SimpleNamespace as Row
     assert _from_own_counts(Row(metric='macro-F1', ours=7 / 17, note='TP/FP/FN/TN 35/15/0/0; predicted Valid 1.00'))
+    assert _from_own_counts(Row(metric='macro-F1', ours=0.411765, note='TP/FP/FN/TN 35/15/0/0'))   # as the CSV writes it
     assert not _from_own_counts(Row(metric='macro-F1', ours=v, note='TP/FP/FN/TN 35/15/0/0'))
     assert not _from_own_counts(Row(metric='macro-F1', ours=7 / 17, note='no counts'))
     assert not _from_own_counts(Row(metric='accuracy (%)', ours=70.0, note='TP/FP/FN/TN 35/15/0/0'))

@@ -322,6 +322,20 @@ def test_ablations_reuse_the_agents_calls(client):
     assert llm.ledger.records[n1].source == 'cache'            # its plan is the agent's plan
     assert nsc.final_query == full.queries[0]
 
+def test_traced_calls_of_an_ablation_include_those_it_shares_with_the_agent(client):
+    # the chapter's items list each run's calls (Ledger.trace): a call 'no reflection' takes from the cache is in its list too
+    llm = ScriptedLLM(_agent_script(dict(round=0)))
+    llm.cache.mode = 'on'
+    cfg = AgentConfig(critic_iters=1, **LEAN_CFG)
+    with llm.ledger.trace() as full_keys: pubmed_reasoner(llm, client, QUESTION, cfg)
+    n0 = len(llm.ledger.records)
+    with llm.ledger.trace() as nr_keys: no_reflection(llm, client, QUESTION, cfg)
+    made = llm.ledger.records[n0:]
+    assert nr_keys == [r.key for r in made] and all(nr_keys)            # every call, in call order, cache hits included
+    shared = [r.key for r in made if r.source == 'cache']
+    assert shared and set(shared) <= set(full_keys)                     # Stage 1: the agent's calls, listed in both runs
+    assert len(full_keys) == n0 and len(set(full_keys) - set(nr_keys)) > 0
+
 def test_scored_answers_exist_when_the_response_is_junk(client):
     junk = ScriptedLLM(lambda p: 'FINAL ANSWER: perhaps' if 'Reply in this format' in p else _critic(None)(p), chooser=lambda prompt, prefix: 'B')
     for mode, want in (('scored', 'B'), ('free_text', None)):
@@ -415,6 +429,8 @@ def test_profiles_are_valid_and_the_default_meets_the_sample_size_rule():
     assert (d.n_free_text == 0 or d.n_free_text >= 50) and (d.n_secondary == 0 or d.n_secondary >= 50)   # secondary cells: none or >= 50
     p = resolve_params('pubmed_reasoner', 'paper')
     assert (p.n, p.max_articles, p.batch_size, p.critic_iters, p.lean) == (None, 20, 5, 3, False)
+    with pytest.raises(ValueError, match="backend 'openai' cannot score"):   # refused before any work, not mid-run
+        resolve_params('pubmed_reasoner', 'paper', backend='openai', model='gpt-4o')
     s = resolve_params('pubmed_reasoner', 'smoke')
     assert s.n <= 3 and s.n_secondary <= s.n_free_text <= s.n
     probe = resolve_params('pubmed_reasoner', 'default', n=3)          # the probe command of issue 19 is accepted

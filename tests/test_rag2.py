@@ -11,7 +11,7 @@ from rag_lab.calls import LLMCache, Ledger
 from rag_lab.llm import LlamaCppLLM
 from rag_lab.text import Corpus, Document
 from rag_lab.papers.rag2 import (PARAMS, PROFILES, RAG2_SYSTEMS, MiniLMFilter, MultiCorpus, answer_item, answer_messages, apply_filter,
-                                 calibrate_filter_threshold, check_mcq, corpus_share, cost_rows, delta_ppl, eval_train_split,
+                                 calibrate_filter_threshold, check_mcq, comparison_of, corpus_share, cost_rows, delta_ppl, eval_train_split,
                                  filter_report, format_mcq, helpful_threshold, make_query, out_of_fold_proba,
                                  paired_accuracy_rows, parse_mcq_answer, ppl_labels, rag2_prompt, query_rationale_messages,
                                  rationale_ppl, retrieve, run_compute)
@@ -333,15 +333,18 @@ def _items(cols: dict[str, list[int]], dataset='d1') -> pd.DataFrame:
 def test_paired_rows_agree_with_compare_paired_and_the_verdict_with_the_interval(pairs):
     m, b = [int(x) for x, _ in pairs], [int(y) for _, y in pairs]
     rows = paired_accuracy_rows(_items({'RAG²': m, 'closed book': b}), ['closed book', 'RAG²'], [('RAG²', 'closed book')], {'d1': 'D1'})
-    get = lambda r, k: rows[(rows.row == r) & (rows.metric == k)].ours.item()
+    get = lambda r, k, col='ours': rows[(rows.row == r) & (rows.metric == k)][col].item()
     c = compare_paired(np.array(m, bool), np.array(b, bool))
     assert get('RAG² vs closed book / D1', 'Δ accuracy (points)') == pytest.approx(100 * (np.mean(m) - np.mean(b)))
-    assert get('RAG² vs closed book / D1', 'Δ 95% CI low') == pytest.approx(c['lo'])
+    assert get('RAG² vs closed book / D1', 'Δ accuracy (points)', 'ci_low') == pytest.approx(c['lo'])
     assert get('RAG² vs closed book / D1', 'McNemar p') == pytest.approx(c['p_mcnemar'])
-    lo, hi = get('RAG² vs closed book / D1', 'Δ 95% CI low'), get('RAG² vs closed book / D1', 'Δ 95% CI high')
+    lo, hi = get('RAG² vs closed book / D1', 'Δ accuracy (points)', 'ci_low'), get('RAG² vs closed book / D1', 'Δ accuracy (points)', 'ci_high')
     verdict = rows[rows.row == 'RAG² vs closed book / D1'].note.iloc[0].split(':')[0]
     assert verdict == ('undecided' if len(pairs) < MIN_DECIDABLE_N else 'confirmed' if lo > 0 else 'refuted' if hi < 0 else 'undecided')
-    assert get('RAG² / D1', '95% CI low') <= get('RAG² / D1', 'accuracy (%)') <= get('RAG² / D1', '95% CI high')
+    assert get('RAG² / D1', 'accuracy (%)', 'ci_low') <= get('RAG² / D1', 'accuracy (%)') <= get('RAG² / D1', 'accuracy (%)', 'ci_high')
+    assert not rows.metric.str.contains('CI').any()   # the results contract: intervals are columns, never rows
+    back = comparison_of(rows, 'RAG² vs closed book / D1')   # read back as compare_paired gave it
+    assert (back['diff'], back['lo'], back['hi']) == pytest.approx((c['diff'], c['lo'], c['hi'])) and back['verdict'] == verdict
 
 
 def test_pooled_rows_come_first_and_average_equal_sized_datasets():
@@ -355,7 +358,7 @@ def test_pooled_rows_come_first_and_average_equal_sized_datasets():
     assert 'paper +6.1' in rows[rows.row == 'RAG² vs closed book / all (pooled)'].note.iloc[0]
     no_disagreement = paired_accuracy_rows(_items({'RAG²': [1, 0, 1], 'closed book': [1, 0, 1]}), ['RAG²'], [('RAG²', 'closed book')], {'d1': 'D1'})
     assert no_disagreement[no_disagreement.metric == 'McNemar p'].ours.item() == 1.0
-    assert no_disagreement.note.dropna().iloc[0].startswith('undecided')
+    assert no_disagreement[no_disagreement.row == 'RAG² vs closed book / D1'].note.iloc[0].startswith('undecided')
 
 
 def test_unpaired_comparisons_are_refused():

@@ -309,9 +309,13 @@ def test_headline_rows_are_paired_and_do_not_depend_on_row_order(outcomes, rnd):
         row = f'{m} vs {base} / BioASQ-Y/N'
         acc = lambda s: h.ours[f'{s} / BioASQ-Y/N', 'accuracy (%)']
         assert abs(h.ours[row, 'Δ accuracy (points)'] - (acc(m) - acc(base))) < 1e-9
-        lo, hi, v = h.ours[row, 'Δ 95% CI low'], h.ours[row, 'Δ 95% CI high'], h.note[row, 'McNemar p'].split(':')[0]
+        lo, hi, v = h.ci_low[row, 'Δ accuracy (points)'], h.ci_high[row, 'Δ accuracy (points)'], h.note[row, 'McNemar p'].split(':')[0]
         assert v == ('undecided' if len(outcomes) < MIN_DECIDABLE_N else 'confirmed' if lo > 0 else 'refuted' if hi < 0 else 'undecided')
         assert 0 <= h.ours[row, 'McNemar p'] <= 1 and h.n[row, 'McNemar p'] == len(outcomes)
+    assert not a.metric.str.contains('CI').any()                         # intervals are columns of their value's row
+    for s in SYSTEMS:
+        r = f'{s} / BioASQ-Y/N'
+        assert 0 <= h.ci_low[r, 'accuracy (%)'] <= h.ci_high[r, 'accuracy (%)'] <= 100
 
 
 def test_headline_rows_refuse_unpaired_or_duplicated_items_and_count_missing_answers():

@@ -57,7 +57,7 @@ def test_failing_notebook_keeps_previous_outputs_and_exits_1(tmp_path):
     assert ok.returncode == 0, ok.stdout + ok.stderr
     table = out / 'reports' / 'reason_verify' / 'table2.csv'
     before = table.read_text()
-    assert ',92.56,7,off,7,smoke,toy,' in before        # paper beside ours, its check, n, profile, model
+    assert ',92.56,7,,,off,7,smoke,toy,' in before      # paper beside ours (no interval), its check, n, profile, model
     # now the notebook writes a table and then raises: the half-finished run must not replace the good outputs
     _paper_nb(nbs / '10_reason_verify.ipynb', WRITE_TABLE.replace('res.finish()', "raise RuntimeError('boom in analysis')"))
     bad = _run('reproduce', '--notebooks', str(nbs), '--profile', 'smoke', '-p', 'n=9', '--out', str(out), '--no-progress')
@@ -191,6 +191,25 @@ def test_the_users_llm_threads_reach_the_kernel(monkeypatch, tmp_path):
     monkeypatch.delenv('RAG_LAB_LLM_THREADS')
     runner._run_all({'claim_aware': {}, 'verirag': {}}, 'smoke', REPO / 'nbs', tmp_path, False, {}, jobs=2)
     assert seen[-1].get('RAG_LAB_LLM_THREADS') == str(max(1, len(os.sched_getaffinity(0)) // 2))
+
+
+def test_the_users_run_state_reaches_the_kernel_and_a_bad_value_is_refused_first(tmp_path, monkeypatch):
+    "The run state travels as one object (`RunContext`): the user's RAG_LAB_RECORDS=off and RAG_LAB_LLM_THREADS reach the "
+    "kernel (RAG_LAB_RECORDS used to be dropped by the runner unless --fresh), and RAG_LAB_LLM_CACHE=bogus is refused "
+    "before any notebook starts (it used to fail inside the kernel)."
+    nbs, out = tmp_path / 'nbs', tmp_path / 'out'; nbs.mkdir()
+    _paper_nb(nbs / '10_reason_verify.ipynb', WRITE_TABLE.replace("model='toy'", "model='toy'").replace(
+        "res.finish()", "from rag_lab.config import run_context\nctx = run_context()\n"
+        "res.table('state', pd.DataFrame(dict(row=[ctx.records_mode], metric=[str(ctx.llm_threads)], ours=[1.0])))\nres.finish()"))
+    monkeypatch.setenv('RAG_LAB_RECORDS', 'off'); monkeypatch.setenv('RAG_LAB_LLM_THREADS', '1')
+    ok = _run('reproduce', '--notebooks', str(nbs), '--profile', 'smoke', '-p', 'n=3', '--out', str(out), '--no-progress')
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    state = (out / 'reports' / 'reason_verify' / 'state.csv').read_text().splitlines()[1]
+    assert state.startswith('off,1,'), state
+    monkeypatch.setenv('RAG_LAB_LLM_CACHE', 'bogus')
+    bad = _run('reproduce', '--notebooks', str(nbs), '--profile', 'smoke', '-p', 'n=3', '--out', str(tmp_path / 'o2'), '--no-progress')
+    assert bad.returncode == 2 and 'RAG_LAB_LLM_CACHE' in bad.stderr, bad.stderr
+    assert not (tmp_path / 'o2' / 'reports').exists()
 
 
 def test_parallel_lanes_start_the_longest_chapters_first(monkeypatch, tmp_path, capsys):

@@ -1,5 +1,5 @@
 """VERIRAG: property tests of the HV / threshold math and adversarial tests of the audit pipeline."""
-import json, math
+import json, math, re
 import numpy as np
 import pandas as pd
 import pytest
@@ -8,12 +8,13 @@ from hypothesis import given, settings, strategies as st
 from rag_lab.calls import LLMCache, Ledger
 from rag_lab.llm import LLM
 from rag_lab.metrics import metrics_from_confusion
+from rag_lab.report import ITEM_COLUMNS
 from rag_lab.papers.verirag_hv import (ALPHA_GRID, CHECK_IDS, K, BoldnessModel, HVParams, PaperAudit, accept, audit_vectors, calibrate,
     chunk_redundancy, claim_features, classification_summary, effective_contribution, grades_to_audit, hv_score, judge_agreement, log_odds,
     paired_f1_difference, paper_quality, prediction_summary, score_claim, sigmoid, tallies, tau_auto)
 from rag_lab.papers.verirag import (JUSTIFICATION_CHARS, ClaimCase, ClaimFeatures, EvidencePaper, PaperMethods, ProbeAnswer, VeriragParams,
-    audit_claim, audit_methods, audit_status, check_pass_rates, first_per_set, claim_cases, predicted_valid, run_baseline, stance_confusion,
-    temporal_scenarios, verirag_scores, verirag_verdicts)
+    audit_claim, audit_methods, audit_status, check_pass_rates, claim_items, first_per_set, claim_cases, compare_rows, compare_verdicts, predicted_valid,
+    run_baseline, score_rows, score_verdicts, stance_confusion, temporal_scenarios, verirag_scores, verirag_verdicts)
 
 tally = st.floats(0, 50, allow_nan=False)
 alpha = st.floats(0, 3, allow_nan=False)
@@ -269,6 +270,55 @@ def test_probe_justification_is_capped_so_the_json_can_close(tmp_path):
     llm = ScriptedLLM({'Decide whether the evidence supports': cot, 'Answer the question': probe}, tmp_path)
     run = run_baseline(llm, 'CIBER', _case(), 'TY1', ClaimFeatures.model_validate_json(FEATURES), mode='free_text')
     assert run.verdict == 'Valid' and run.detail['stances'] == ['Supports', 'Supports', 'Supports', 'Refutes']
+
+def test_each_result_lists_the_calls_behind_it_and_tracing_changes_no_call(tmp_path):
+    llm = ScriptedLLM({AUDIT: GOOD, 'Rate this research claim': FEATURES, 'Decide whether the evidence supports': 'Snippet [2] says so.'},
+                      tmp_path, choices={('Stance of each snippet', ':'): 'supports', ('Decide whether', 'Verdict:'): 'Supports',
+                                         ('Question:', 'Answer:'): 'Yes'})
+    case = _case()
+    ids = case.scenarios['TY1']
+    methods = {p: audit_methods(llm, case.papers[p]) for p in ids}
+    assert [len(m.calls) for m in methods.values()] == [1, 1]                               # one answer each, no repair
+    ca = audit_claim(llm, case, ids, methods)
+    assert len(ca.feature_calls) == 1 and len(ca.stance_calls) == len(ids)                  # scored: one choice per paper
+    assert ca.calls('TY0') == methods['t1'].calls + ca.feature_calls + ca.stance_calls     # only the scenario's methods audits
+    assert ca.calls('TY1') == methods['t1'].calls + methods['g'].calls + ca.feature_calls + ca.stance_calls
+    cot = run_baseline(llm, 'COT-RAG', case, 'TY1', ca.features)
+    ciber = run_baseline(llm, 'CIBER', case, 'TY1', ca.features)
+    assert len(cot.calls) == 2 and ciber.calls[:2] == cot.calls and len(ciber.calls) == 5  # its COT-RAG repeat (cached), 3 probes
+    assert ciber.confidence is None and ciber.detail['m_s'] > 0.5                            # no option scored for CIBER's verdict
+    made = [r.key for r in llm.ledger.records]                                              # the calls, in the order they were made
+    assert made == [k for m in methods.values() for k in m.calls] + ca.feature_calls + ca.stance_calls + cot.calls + ciber.calls
+    assert [r.source for r in llm.ledger.records[-5:-3]] == ['cache', 'cache']
+    # the items rows: the contract's columns first; each row lists the calls behind it
+    bm = BoldnessModel().fit(np.array([claim_features(5, 5, 'Robust Study'), claim_features(9, 9, 'Settled Science')]), [0, 1])
+    items = pd.DataFrame(claim_items(ca, verirag_scores([ca], 'TY1', bm, HVParams()).iloc[0], {'COT-RAG': cot, 'CIBER': ciber}, 'TY1'))
+    assert list(items.columns[:len(ITEM_COLUMNS)]) == list(ITEM_COLUMNS) and list(items.system) == ['VERIRAG', 'COT-RAG', 'CIBER', 'all-Invalid']
+    it = items.set_index('system')
+    assert (it.calls['VERIRAG'], it.calls['COT-RAG'], it.calls['CIBER'], it.calls['all-Invalid']) == \
+           (ca.calls('TY1'), cot.calls, ca.feature_calls + ciber.calls, [])                # CIBER reads the features
+    assert math.isnan(it.confidence['VERIRAG']) and math.isnan(it.confidence['CIBER']) and it.confidence['COT-RAG'] == cot.confidence
+    assert (it.supports_mass['CIBER'], it.option_logprobs['COT-RAG'], it.option_logprobs['VERIRAG'], it.raw['VERIRAG']) == \
+           (ciber.detail['m_s'], cot.logprobs, '', '')                                         # scored stances: no text to read
+    assert list(items.correct) == [it.pred[s] == it.gold[s] for s in items.system] and not it.correct['all-Invalid']
+
+def test_score_and_compare_rows_hold_each_interval_beside_its_value():
+    truth = [True, False] * 10
+    verdicts = ['Valid', 'Invalid'] * 8 + ['Invalid', 'Valid', 'unparseable', 'Invalid']
+    m = score_verdicts(truth, verdicts, seed=1)
+    rows = score_rows('VERIRAG / toy', m)
+    assert [r['metric'] for r in rows] == ['accuracy (%)', 'macro-F1', 'MCC'] and m['accuracy'] == pytest.approx(85.0)
+    for r, k in zip(rows, ('accuracy', 'macro_f1', 'mcc')):
+        assert (r['ours'], r['ci_low'], r['ci_high'], r['n']) == (m[k], m[f'{k}_lo'], m[f'{k}_hi'], 20)
+    assert rows[0]['note'] == 'TP/FP/FN/TN 8/1/2/9; predicted Valid 0.45; 1 unparseable (scored wrong)'
+    assert [r['metric'] for r in score_rows('x / y', m, metrics=('macro-F1',))] == ['macro-F1']
+    d = compare_verdicts(truth, verdicts, ['Invalid'] * 20, seed=1)
+    rows = compare_rows('VERIRAG vs all-Invalid / toy', d)
+    assert [r['metric'] for r in rows] == ['Δ accuracy (points)', 'McNemar p', 'Δ macro-F1']
+    assert (rows[0]['ours'], rows[0]['ci_low'], rows[0]['ci_high']) == (d['acc']['diff'], d['acc']['lo'], d['acc']['hi'])
+    assert (rows[2]['ours'], rows[2]['ci_low'], rows[2]['ci_high']) == (d['f1']['diff'], d['f1']['lo'], d['f1']['hi'])
+    assert 'ci_low' not in rows[1] and len({r['note'] for r in rows}) == 1 and rows[0]['note'].startswith('verdict on macro-F1')
+    assert not any(re.search(r'CI (low|high)', r['metric']) for r in rows)                  # what `Results.table` refuses
 
 def test_selfrag_schema_wants_one_critique_per_passage():
     from pydantic import ValidationError

@@ -12,6 +12,7 @@ import pandas as pd
 from pydantic import Field
 from ..config import NotebookParams
 from ..metrics import accuracy, compare_paired
+from ..report import accuracy_row, ci_row
 
 # %% auto #0
 __all__ = ['PARAMS', 'PROFILES', 'SYSTEMS', 'COST_METRICS', 'BASELINE_VARIANTS', 'ComparisonParams', 'load_predictions', 'align',
@@ -68,19 +69,16 @@ def align(preds: pd.DataFrame, # from `load_predictions`
 def cross_table(wide: pd.DataFrame, # `align`'s items x systems correctness
                 baselines: tuple[str, ...] = ('closed book', 'plain RAG (BM25)'),
                 seed: int = 42,
-               ) -> pd.DataFrame: # long rows: row = system, metric, ours, n, note
-    "Accuracy with CI per system, and each other system's paired difference to every baseline."
+               ) -> pd.DataFrame: # long rows: row = system, metric, ours, ci_low, ci_high, n, note
+    "Accuracy with CI per system, and each other system's paired difference to every baseline (CI, McNemar p, verdict)."
     rows = []
     for s in wide.columns:
         a = accuracy(['y' if c else 'n' for c in wide[s]], ['y'] * len(wide), seed=seed)
-        rows += [dict(row=s, metric='accuracy (%)', ours=a['acc'], n=a['n'], note=f"95% CI [{a['lo']:.1f}, {a['hi']:.1f}]"),
-                 dict(row=s, metric='95% CI low', ours=a['lo'], n=a['n']), dict(row=s, metric='95% CI high', ours=a['hi'], n=a['n'])]
+        rows.append(accuracy_row(s, a))
         for b in baselines:
             if b not in wide or (s in baselines and baselines.index(s) <= baselines.index(b)): continue   # no claim that a simpler baseline wins
             c = compare_paired(wide[s].to_numpy(), wide[b].to_numpy(), seed=seed)
-            rows += [dict(row=s, metric=f'Δ vs {b} (points)', ours=c['diff'], n=c['n'], note=c['note']),
-                     dict(row=s, metric=f'Δ vs {b}: 95% CI low', ours=c['lo'], n=c['n']),
-                     dict(row=s, metric=f'Δ vs {b}: 95% CI high', ours=c['hi'], n=c['n']),
+            rows += [ci_row(s, f'Δ vs {b} (points)', c['diff'], c['lo'], c['hi'], c['n'], c['note']),
                      dict(row=s, metric=f'Δ vs {b}: McNemar p', ours=c['p_mcnemar'], n=c['n'])]
     return pd.DataFrame(rows)
 

@@ -67,13 +67,19 @@ class PubmedReasonerParams(LLMParams):
         v = getattr(self, name)
         return n_items if v is None else min(v, n_items)
 
+    def needs(self) -> dict[str, tuple[set[str], str]]:
+        "Every system's answer is the option most likely after its prompt or response (`choose_option`), in both answer modes."
+        return {'backend': ({'chat', 'score_chat'}, "the answer step (the scored option, kept beside the FINAL ANSWER line in both answer modes)")}
+
 PARAMS = PubmedReasonerParams
 PROFILES: dict[str, dict] = {   # profile -> the values it sets
     'smoke': dict(n=2, n_mmlu=1, n_free_text=1, n_secondary=1, max_articles=2, batch_size=2, critic_iters=1, top_k=1,
                   passage_chars=200, lean=True, **{**SMOKE_LLM, 'max_tokens': 48}),
     'default': dict(n=150, n_mmlu=50, n_free_text=50, n_secondary=0, max_articles=4, batch_size=2, critic_iters=1, top_k=3,
                     passage_chars=300, lean=True, max_tokens=160),
-    'paper': dict(n=None, n_mmlu=None, n_free_text=None, n_secondary=None, backend='openai', model='gpt-4o',
+    # the paper's GPT-4o answers through an API that returns no option scores after a chat prompt, which every system's
+    # answer step needs here (`needs`): an open model run by transformers (a GPU) stands in
+    'paper': dict(n=None, n_mmlu=None, n_free_text=None, n_secondary=None, backend='transformers', model='meta-llama/Meta-Llama-3-8B-Instruct',
                   eutils_url='https://eutils.ncbi.nlm.nih.gov/entrez/eutils')}
 
 # %% ../../nbs/52_pubmed_reasoner_method.ipynb #e3e84882

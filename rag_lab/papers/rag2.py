@@ -17,6 +17,7 @@ from ..metrics import bootstrap_ci, accuracy, compare_paired
 from ..parsing import ParsedAnswer, parse_answer_statement, parse_mcq_answer, parse_option
 from ..config import quiet_loading, LLMParams, SMOKE_LLM, comma_list_of
 from ..llm import LLM
+from ..report import ci_row, comparison_rows, table_value
 from pydantic import Field, field_validator
 from fastcore.basics import patch
 
@@ -27,7 +28,8 @@ __all__ = ['RAG2_SYSTEMS', 'PARAMS', 'PROFILES', 'RATIONALE_INSTRUCTION', 'ANSWE
            'cot_followup_messages', 'answer_item', 'strip_final_answer', 'make_query', 'MultiCorpus', 'retrieve',
            'corpus_share', 'rationale_ppl', 'delta_ppl', 'helpful_threshold', 'ppl_labels', 'MiniLMFilter',
            'Seq2SeqFilter', 'make_filter', 'apply_filter', 'calibrate_filter_threshold', 'out_of_fold_proba',
-           'filter_report', 'rag2_prompt', 'eval_train_split', 'paired_accuracy_rows', 'cost_rows', 'run_compute']
+           'filter_report', 'rag2_prompt', 'eval_train_split', 'paired_accuracy_rows', 'comparison_of', 'cost_rows',
+           'run_compute']
 
 # %% ../../nbs/31_rag2_method.ipynb #91d604bc
 RAG2_SYSTEMS = ('closed book', 'standard RAG', 'RAG² without filter', 'RAG²')   # the headline systems, simplest first
@@ -71,6 +73,10 @@ class Rag2Params(LLMParams):
         ks = [k.strip() for k in v.split(',')]
         if not all(k.isdigit() and 1 <= int(k) <= 64 for k in ks): raise ValueError(f"topk_grid must be comma-separated integers 1..64, got {v!r}")
         return ','.join(ks)
+
+    def needs(self) -> dict[str, tuple[set[str], str]]:
+        "The ΔPPL labels score a rationale after a chat prompt, whatever the answer protocol."
+        return {'backend': ({'chat', 'score_chat'}, "the perplexity (ΔPPL) labels of the filter" + (" and the scored answers" if self.answer_mode == 'scored' else ''))}
 
 PARAMS = Rag2Params
 PROFILES: dict[str, dict] = {'smoke': dict(n=2, n_secondary=1, n_pubmedqa=2, train_n=4, label_k=2, top_k=1, topk_grid='1', corpus_docs=150,
@@ -527,7 +533,7 @@ def paired_accuracy_rows(items: pd.DataFrame, # one row per (dataset, item_id, s
                          pooled: str | None = None, # name of the pooled "dataset" over all of them, reported first (None: no pooled rows)
                          paper_diffs: Mapping[tuple[str, str], float] | None = None, # (comparison row, metric's dataset) -> the paper's Δ, for the note
                          seed: int = 42,
-                        ) -> pd.DataFrame: # columns row, metric, ours, n, note
+                        ) -> pd.DataFrame: # columns row, metric, ours, ci_low, ci_high, n, note
     "Headline rows: accuracy (%) with 95% CI per system and dataset; Δ, its 95% CI and McNemar p per comparison."
     wide = items.pivot_table(index=['dataset', 'item_id'], columns='system', values='correct', aggfunc='first', sort=False)   # items in sample order
     present = wide.index.get_level_values(0)
@@ -539,17 +545,24 @@ def paired_accuracy_rows(items: pd.DataFrame, # one row per (dataset, item_id, s
             if s not in w: continue
             col = w[s].dropna().astype(float)
             lo, hi = bootstrap_ci(col, seed=seed)   # the interval `rag_lab.metrics.accuracy` reports
-            rows += [dict(row=f'{s} / {name}', metric=m, ours=100 * v, n=len(col)) for m, v in
-                     (('accuracy (%)', col.mean()), ('95% CI low', lo), ('95% CI high', hi))]
+            rows.append(ci_row(f'{s} / {name}', 'accuracy (%)', 100 * col.mean(), 100 * lo, 100 * hi, len(col)))
         for m, b in comparisons:
             if m not in w or b not in w: continue
             pair = w[[m, b]]
             if pair.isna().any().any(): raise ValueError(f"{m} vs {b} on {name}: not every item has both answers (unpaired)")
             label = f'{m} vs {b}'
             c = compare_paired(pair[m].astype(bool), pair[b].astype(bool), (paper_diffs or {}).get((label, name)), seed=seed)
-            rows += [dict(row=f'{label} / {name}', metric=k, ours=c[v], n=c['n'], note=c['note']) for k, v in
-                     (('Δ accuracy (points)', 'diff'), ('Δ 95% CI low', 'lo'), ('Δ 95% CI high', 'hi'), ('McNemar p', 'p_mcnemar'))]
-    return pd.DataFrame(rows, columns=['row', 'metric', 'ours', 'n', 'note'])
+            rows += comparison_rows(f'{label} / {name}', c)
+    return pd.DataFrame(rows, columns=['row', 'metric', 'ours', 'ci_low', 'ci_high', 'n', 'note'])
+
+def comparison_of(rows: pd.DataFrame, # `paired_accuracy_rows` (or the table `Results.table` wrote of them)
+                  row: str, # '<method> vs <baseline> / <dataset>'
+                 ) -> dict: # diff, lo, hi, p_mcnemar, n, verdict, note
+    "A comparison read back from its rows, in the form `metrics.compare_paired` gives (what `report.comparison_text` reads)."
+    d = 'Δ accuracy (points)'
+    note = str(table_value(rows, row, d, 'note'))
+    return dict(diff=table_value(rows, row, d), lo=table_value(rows, row, d, 'ci_low'), hi=table_value(rows, row, d, 'ci_high'),
+                p_mcnemar=table_value(rows, row, 'McNemar p'), n=int(table_value(rows, row, d, 'n')), verdict=note.split(':')[0], note=note)
 
 # %% ../../nbs/31_rag2_method.ipynb #340bfca8
 PREFILL_TPS, DECODE_TPS = 49.0, 19.0   # the 1.5B on one thread of this machine (tokens/s), for the budget estimate

@@ -18,20 +18,22 @@ from ..llm import LLM
 from ..parsing import ParsedAnswer, extract_json, parse_final_answer
 from pydantic import Field, field_validator, model_validator
 from ..config import Backend, LLMParams, SMOKE_LLM, comma_list_of
+from ..report import accuracy_row, comparison_rows
 
 # %% auto #0
 __all__ = ['PARAMS', 'PROFILES', 'CATEGORIES', 'SUPPORTED', 'CLAUSE_MARKERS', 'STOPWORDS', 'ANSWER_OPTIONS', 'RATIONALE_LENGTH',
            'ANSWER_PREFIX', 'AnswerMode', 'SUPPORT_LEVELS', 'VERIFIER_STYLES', 'LANDIS_KOCH', 'SYSTEMS', 'COMPARISONS',
-           'TABLE2_COLUMNS', 'HEADLINE_PAPER_ROWS', 'SAME_GENERATOR_IN_PAPER', 'HEADLINE_METRICS', 'DELTA_METRICS',
-           'CALL_IDENTITY', 'COST_METRICS', 'shot_counts', 'ReasonVerifyParams', 'normalize_label', 'faithfulness',
-           'rationale_verdict', 'strip_answer_lines', 'content_words', 'segment_rationale', 'query_overlap',
-           'evidence_score', 'rewrite_needed', 'Evidence', 'retrieve_evidence', 'passage_text', 'render_evidence',
-           'answer_lines', 'Demo', 'render_demo', 'rationale_messages', 'vanilla_messages', 'closed_book_messages',
-           'parse_answer', 'rationale_prefix', 'answer_direct', 'answer_with_rationale', 'rewrite_messages',
-           'parse_rewrite', 'llm_rewriter', 'decision_label', 'direct_schema', 'decomposed_schema', 'direct_messages',
+           'TABLE2_COLUMNS', 'HEADLINE_PAPER_ROWS', 'SAME_GENERATOR_IN_PAPER', 'CALL_IDENTITY', 'COST_METRICS',
+           'shot_counts', 'ReasonVerifyParams', 'normalize_label', 'faithfulness', 'rationale_verdict',
+           'strip_answer_lines', 'content_words', 'segment_rationale', 'query_overlap', 'evidence_score',
+           'rewrite_needed', 'Evidence', 'retrieve_evidence', 'passage_text', 'render_evidence', 'answer_lines', 'Demo',
+           'render_demo', 'rationale_messages', 'vanilla_messages', 'closed_book_messages', 'parse_answer',
+           'rationale_prefix', 'answer_direct', 'answer_with_rationale', 'rewrite_messages', 'parse_rewrite',
+           'llm_rewriter', 'decision_label', 'direct_schema', 'decomposed_schema', 'direct_messages',
            'decomposed_messages', 'parse_direct', 'parse_decomposed', 'VerifyTask', 'Verifier', 'landis_koch',
            'agreement', 'kappa_ci', 'decontaminate', 'shares_pmid', 'select_demos', 'static_order', 'faith_coverage',
-           'headline_paper_values', 'headline_rows', 'unique_calls', 'call_accounting', 'cost_per_item']
+           'headline_paper_values', 'headline_rows', 'answer_accuracy', 'answer_note', 'unique_calls',
+           'call_accounting', 'cost_per_item']
 
 # %% ../../nbs/11_reason_verify_method.ipynb #00811fc0
 def shot_counts(shots: str, # comma-separated demonstration counts, e.g. '0,1,2'
@@ -76,10 +78,14 @@ class ReasonVerifyParams(LLMParams):
     @model_validator(mode='after')
     def _consistent(self):
         if self.rerank_m > self.bm25_k: raise ValueError(f"rerank_m ({self.rerank_m}) cannot exceed bm25_k ({self.bm25_k})")
-        if self.answer_mode == 'scored' and self.backend == 'openai':  # choose_option scores the rendered chat template
-            raise ValueError("answer_mode='scored' needs option log-probabilities after the chat template, which backend 'openai' "
-                             "cannot render: use answer_mode=free_text (the paper's protocol) or backend transformers/llamacpp")
         return self
+
+    def needs(self) -> dict[str, tuple[set[str], str]]:
+        "What the run asks of each backend (checked against `config.BACKEND_CAPABILITIES` when the parameters are validated)."
+        scored = self.answer_mode == 'scored'
+        return {'backend': ({'chat', 'score_chat'} if scored else {'chat'},
+                            "answer_mode='scored' (the option log-probabilities; answer_mode=free_text is the paper's protocol)" if scored else 'the answers'),
+                'verifier_backend': ({'chat'}, 'verifier A and the rewriter'), 'verifier2_backend': ({'chat'}, 'verifier B')}
 
 PARAMS = ReasonVerifyParams
 PROFILES: dict[str, dict] = {
@@ -640,15 +646,12 @@ def headline_paper_values(paper: pd.DataFrame, # the paper's Table 2: `report.pa
     return values, diffs
 
 # %% ../../nbs/11_reason_verify_method.ipynb #c0baa911
-HEADLINE_METRICS = {'accuracy (%)': 'acc', '95% CI low': 'lo', '95% CI high': 'hi'}
-DELTA_METRICS = {'Δ accuracy (points)': 'diff', 'Δ 95% CI low': 'lo', 'Δ 95% CI high': 'hi', 'McNemar p': 'p_mcnemar'}
-
 def headline_rows(preds: pd.DataFrame, # one row per (dataset, item_id, system): pred (None/NaN = no answer), gold
                   datasets: Sequence[str], # datasets to tabulate, in order
                   systems: Sequence[str] = SYSTEMS, comparisons: Sequence[tuple[str, str]] = COMPARISONS,
                   paper_diffs: Mapping[tuple[str, str, str], float] | None = None, # (method, baseline, dataset) -> points
                   seed: int = 42,
-                 ) -> pd.DataFrame: # columns row, metric, ours, n, note
+                 ) -> pd.DataFrame: # contract rows: row, metric, ours, ci_low, ci_high, n, note
     "Accuracy with its 95% CI per system, and per comparison on the same items: difference, paired 95% CI, McNemar p, verdict."
     rows = []
     for ds in datasets:
@@ -663,13 +666,27 @@ def headline_rows(preds: pd.DataFrame, # one row per (dataset, item_id, system):
         correct = {s: np.array([p is not None and p == g for p, g in zip(pred[s], by[s].gold)]) for s in systems}
         for s in systems:
             a = accuracy(pred[s], by[s].gold, seed=seed)
-            note = f"{a['n_unparsed']} of {a['n']} without an answer, counted wrong"
-            rows += [dict(row=f'{s} / {col}', metric=m, ours=a[k], n=a['n'], note=note) for m, k in HEADLINE_METRICS.items()]
+            rows.append(accuracy_row(f'{s} / {col}', a, note=f"{a['n_unparsed']} of {a['n']} without an answer, counted wrong"))
         for m, b in comparisons:
             c = compare_paired(correct[m], correct[b], paper_diff=(paper_diffs or {}).get((m, b, ds)), seed=seed)
-            note = f"{c['note']}; {c['wins']} items only {m} got right, {c['losses']} only {b}"
-            rows += [dict(row=f'{m} vs {b} / {col}', metric=metric, ours=c[k], n=c['n'], note=note) for metric, k in DELTA_METRICS.items()]
+            rows += comparison_rows(f'{m} vs {b} / {col}', c, note=f"{c['note']}; {c['wins']} items only {m} got right, {c['losses']} only {b}")
     return pd.DataFrame(rows)
+
+# %% ../../nbs/11_reason_verify_method.ipynb #242ad21b
+def answer_accuracy(answers: pd.DataFrame, # one configuration's answers: pred (None/NaN = no answer), gold; rationales also free_text_status, truncated
+                    seed: int = 42,
+                   ) -> dict: # `metrics.accuracy` (acc, lo, hi, n, n_unparsed), plus n_free_unreadable, n_truncated
+    "Accuracy with its 95% CI, and how many rationales have no readable FINAL ANSWER line or were cut at max_tokens."
+    a = accuracy([p if isinstance(p, str) else None for p in answers.pred], answers.gold, seed=seed)
+    free = answers.free_text_status if 'free_text_status' in answers else pd.Series(dtype=object)   # rationales only
+    return a | dict(n_free_unreadable=int((free.notna() & (free != 'ok')).sum()),
+                    n_truncated=int(answers.truncated.fillna(False).sum()) if 'truncated' in answers else 0)
+
+def answer_note(a: dict, # `answer_accuracy(...)`
+               ) -> str:
+    "The note of an `answer_accuracy` row: its interval, then what was counted wrong or could not be read."
+    return (f"95% CI [{a['lo']:.1f}, {a['hi']:.1f}]; {a['n_unparsed']} without an answer counted wrong; "
+            f"{a['n_free_unreadable']} rationales without a readable FINAL ANSWER line; {a['n_truncated']} cut at max_tokens")
 
 # %% ../../nbs/11_reason_verify_method.ipynb #d5b2f8e3
 CALL_IDENTITY = ('kind', 'backend', 'model', 'prompt_tokens', 'completion_tokens', 'seconds')

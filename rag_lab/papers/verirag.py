@@ -4,7 +4,7 @@
 
 # %% ../../nbs/42_verirag_method.ipynb #5411f162
 from __future__ import annotations
-import hashlib, math
+import hashlib, json, math
 from dataclasses import dataclass, field
 from typing import Annotated, Literal, Mapping, Sequence
 import numpy as np
@@ -12,32 +12,35 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.metrics.pairwise import cosine_similarity
-from ..config import LLMParams, SMOKE_LLM, comma_list_of
+from ..config import BACKEND_CAPABILITIES, LLMParams, SMOKE_LLM, comma_list_of
 from ..data import load_scifact_claims, load_healthver, load_covidfact, scifact_corpus, nested_sample
 from ..llm import LLM, chat_structured
 from ..calls import LEDGER, track
+from ..metrics import compare_paired
 from ..parsing import ParsedAnswer
 from ..retrieval import BM25Index
 from ..text import Corpus, Document, split_sentences
+from ..report import ci_row, comparison_rows
 from .verirag_hv import (CHECKS, CHECK_IDS, K, STANCE_SIGN, VERDICT_SCORE, BoldnessModel, CheckGrade, HVParams,
-    PaperAudit, claim_features, grades_to_audit, score_claim, tau_base)
+    PaperAudit, claim_features, classification_summary, grades_to_audit, paired_f1_difference, score_claim, tau_base)
 
 # %% auto #0
 __all__ = ['AnswerMode', 'ANSWER_MODES', 'PARAMS', 'PROFILES', 'SCENARIOS', 'CLAIM_SETS', 'LATER_PAPERS', 'BUILDERS', 'Verdict',
            'Stance', 'PROBE_CHARS', 'STANCE_WORDS', 'PAPER_WORDS', 'METHODS_AUDIT_INSTRUCTIONS',
            'SECOND_JUDGE_INSTRUCTIONS', 'MAX_REPAIRS', 'STATEMENT_CHARS', 'SUPPORT_LABELS', 'JUSTIFICATION_CHARS',
            'VERDICT_WORDS', 'SYNTHESIS_WORDS', 'YES_NO', 'PROBE_WORDS', 'RATIONALE_TOKENS', 'CRITIQUE_TOKENS',
-           'CIBER_RELIABILITY', 'BASELINES', 'PROBE_STANCE', 'VeriragParams', 'EvidencePaper', 'ClaimCase',
-           'temporal_scenarios', 'build_cases', 'scifact_cases', 'healthver_cases', 'covidfact_cases', 'claim_cases',
-           'first_per_set', 'evidence_chunks', 'evidence_header', 'ClaimFeatures', 'MethodsAudit', 'audit_schema',
-           'stance_schema', 'methods_audit_prompt', 'features_prompt', 'stance_prompt', 'second_judge_prompt',
-           'PaperMethods', 'audit_methods', 'claim_features_of', 'paper_stances', 'CoTVerdict', 'PassageCritique',
-           'selfrag_schema', 'SynthesisVerdict', 'flare_schema', 'FinalVerdict', 'ProbeAnswer', 'cot_prompt',
-           'selfrag_critique_prompt', 'selfrag_synthesis_prompt', 'flare_prompt', 'flare_final_prompt', 'probe_prompt',
-           'dempster', 'stance_mass', 'fuse_stances', 'BaselineRun', 'run_cot', 'run_ciber', 'run_selfrag', 'run_flare',
-           'run_baseline', 'AuditRecord', 'CaseAudit', 'audit_claim', 'audit_status', 'boldness_features',
-           'fit_boldness', 'verirag_scores', 'verirag_verdicts', 'predicted_valid', 'second_judge', 'check_pass_rates',
-           'stance_confusion']
+           'CIBER_RELIABILITY', 'BASELINES', 'FEATURE_READERS', 'PROBE_STANCE', 'SUMMARY_METRICS', 'ALL_INVALID',
+           'VeriragParams', 'EvidencePaper', 'ClaimCase', 'temporal_scenarios', 'build_cases', 'scifact_cases',
+           'healthver_cases', 'covidfact_cases', 'claim_cases', 'first_per_set', 'evidence_chunks', 'evidence_header',
+           'ClaimFeatures', 'MethodsAudit', 'audit_schema', 'stance_schema', 'methods_audit_prompt', 'features_prompt',
+           'stance_prompt', 'second_judge_prompt', 'PaperMethods', 'audit_methods', 'claim_features_of',
+           'paper_stances', 'CoTVerdict', 'PassageCritique', 'selfrag_schema', 'SynthesisVerdict', 'flare_schema',
+           'FinalVerdict', 'ProbeAnswer', 'cot_prompt', 'selfrag_critique_prompt', 'selfrag_synthesis_prompt',
+           'flare_prompt', 'flare_final_prompt', 'probe_prompt', 'dempster', 'stance_mass', 'fuse_stances',
+           'BaselineRun', 'run_cot', 'run_ciber', 'run_selfrag', 'run_flare', 'run_baseline', 'AuditRecord',
+           'CaseAudit', 'audit_claim', 'audit_status', 'boldness_features', 'fit_boldness', 'verirag_scores',
+           'verirag_verdicts', 'predicted_valid', 'score_verdicts', 'score_rows', 'compare_verdicts', 'compare_rows',
+           'claim_items', 'second_judge', 'check_pass_rates', 'stance_confusion']
 
 # %% ../../nbs/42_verirag_method.ipynb #198f8929
 AnswerMode = Literal['scored', 'free_text']
@@ -74,9 +77,19 @@ class VeriragParams(LLMParams):
             raise ValueError(f"the primary scenario {self.scenario} cannot also be secondary ({self.secondary_scenarios})")
         if self.n is not None and self.n_secondary > self.n:
             raise ValueError(f"n_secondary ({self.n_secondary}) cannot exceed n ({self.n}): secondary claims are the first of the headline's")
-        if self.backend == 'openai' and self.answer_mode == 'scored':
-            raise ValueError("backend openai cannot score the options of a chat prompt: use answer_mode=free_text (the paper's protocol)")
         return self
+
+    def needs(self) -> dict[str, tuple[set[str], str]]:
+        "Scored labels need option log-probabilities after a chat prompt (the other protocol is skipped where the backend has none)."
+        if self.answer_mode == 'scored':
+            return {'backend': ({'chat', 'score_chat'}, "answer_mode='scored' (answer_mode=free_text is the paper's protocol)")}
+        return super().needs()
+
+    @property
+    def other_answer_mode(self) -> str | None:
+        "The protocol the secondary claims also run: the one not in the headline, if the backend can run it."
+        other = 'free_text' if self.answer_mode == 'scored' else 'scored'
+        return other if other == 'free_text' or 'score_chat' in BACKEND_CAPABILITIES[self.backend] else None
 
     @property
     def secondary(self) -> list[str]:
@@ -349,13 +362,15 @@ class PaperMethods:
     mask: dict[str, bool] | None = None          # check id -> applicable (graded other than NA)
     verdicts: dict[str, str] | None = None       # applicable check id -> 'Pass' / 'Uncertain' / 'Fail'
     raw: list[str] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)   # keys of the calls behind it (the answer and any repair)
 
 def audit_methods(llm: LLM, p: EvidencePaper) -> PaperMethods:
     "One paper's grades for the eleven checks in one call: the mask and the verdicts of the applicable checks."
-    r = _ask_json(llm, methods_audit_prompt(p), MethodsAudit, max_tokens=_cap(llm, 96))   # ~40 tokens; room for whitespace
-    if r.status != 'ok': return PaperMethods(p.paper_id, 'unparseable', raw=r.raw)
+    with llm.ledger.trace() as calls:
+        r = _ask_json(llm, methods_audit_prompt(p), MethodsAudit, max_tokens=_cap(llm, 96))   # ~40 tokens; room for whitespace
+    if r.status != 'ok': return PaperMethods(p.paper_id, 'unparseable', raw=r.raw, calls=list(calls))
     verdicts, mask = grades_to_audit(r.value.grades)
-    return PaperMethods(p.paper_id, 'ok', mask, verdicts, r.raw)
+    return PaperMethods(p.paper_id, 'ok', mask, verdicts, r.raw, list(calls))
 
 # %% ../../nbs/42_verirag_method.ipynb #f49b49e7
 def claim_features_of(llm: LLM, claim: str):
@@ -503,6 +518,7 @@ def fuse_stances(stances: Sequence[str]) -> tuple[float, float, float]:
 
 # %% ../../nbs/42_verirag_method.ipynb #36154394
 BASELINES = ('COT-RAG', 'Self-RAG', 'FLARE', 'CIBER')   # the paper's names (Table 3)
+FEATURE_READERS = ('FLARE', 'CIBER')   # the baselines that read the claim features (FLARE the standard, CIBER the probes)
 PROBE_STANCE = {'agree_probe': {'Yes': 'Supports', 'No': 'Refutes', 'Unsure': 'Neutral'},
                 'paraphrase_probe': {'Yes': 'Supports', 'No': 'Refutes', 'Unsure': 'Neutral'},
                 'conflict_probe': {'Yes': 'Refutes', 'No': 'Supports', 'Unsure': 'Neutral'}}
@@ -514,6 +530,7 @@ class BaselineRun:
     logprobs: dict | None = None          # scored: log-probability of each option of the final step
     raw: str = ''                         # generated text (rationale, critique lines, JSON)
     detail: dict = field(default_factory=dict)
+    calls: list[str] = field(default_factory=list)   # keys of the calls it made (`run_baseline`), in call order
 
 def _unparseable(step: str, raw: list[str] | None = None) -> BaselineRun:
     return BaselineRun('unparseable', raw=(raw or [''])[-1], detail=dict(step=step))
@@ -553,7 +570,8 @@ def run_ciber(llm: LLM, case: ClaimCase, ids: Sequence[str], features: ClaimFeat
             answers[probe] = a.answer
         stances.append(to_stance[answers[probe]])
     m_s, m_r, _ = fuse_stances(stances)
-    return BaselineRun('Valid' if m_s > m_r and m_s >= 0.5 else 'Invalid', m_s, None, cot.raw,
+    # no option is scored for the verdict itself: no confidence; the fused masses are in `detail`
+    return BaselineRun('Valid' if m_s > m_r and m_s >= 0.5 else 'Invalid', None, None, cot.raw,
                        dict(stances=stances, answers=answers, m_s=m_s, m_r=m_r))
 
 # %% ../../nbs/42_verirag_method.ipynb #4aaf525d
@@ -611,10 +629,13 @@ def run_baseline(llm: LLM, method: str, case: ClaimCase, scenario: str,
     if method not in BASELINES: raise ValueError(f"unknown baseline {method!r}; choose from {BASELINES}")
     if mode not in ANSWER_MODES: raise ValueError(f"answer mode must be one of {ANSWER_MODES}, got {mode!r}")
     ids = case.scenarios[scenario]
-    if method == 'COT-RAG': return run_cot(llm, case, ids, mode)
-    if method == 'CIBER': return run_ciber(llm, case, ids, features, mode)
-    if method == 'Self-RAG': return run_selfrag(llm, case, ids, mode)
-    return run_flare(llm, case, ids, features, mode)
+    with llm.ledger.trace() as calls:   # only notes the keys: the calls and their order stay the same
+        if method == 'COT-RAG': run = run_cot(llm, case, ids, mode)
+        elif method == 'CIBER': run = run_ciber(llm, case, ids, features, mode)
+        elif method == 'Self-RAG': run = run_selfrag(llm, case, ids, mode)
+        else: run = run_flare(llm, case, ids, features, mode)
+    run.calls = list(calls)
+    return run
 
 # %% ../../nbs/42_verirag_method.ipynb #f8350a7f
 @dataclass
@@ -623,6 +644,7 @@ class AuditRecord:
     status: str                      # 'ok', 'methods_unparseable' or 'stance_unparseable'
     audit: PaperAudit | None         # what the HV score reads; None: the paper carries no weight
     stance: ParsedAnswer
+    methods_calls: list[str] = field(default_factory=list)   # keys of the paper's methods audit (`PaperMethods.calls`)
 
 @dataclass
 class CaseAudit:
@@ -630,6 +652,13 @@ class CaseAudit:
     features: ClaimFeatures | None           # None: the features answer stayed invalid
     records: dict[str, AuditRecord]          # paper id -> its audit for this claim
     mode: str = 'scored'
+    feature_calls: list[str] = field(default_factory=list)   # keys of the claim-features call(s)
+    stance_calls: list[str] = field(default_factory=list)    # keys of the stance batch
+
+    def calls(self, scenario: str) -> list[str]:
+        "Keys of the calls behind VERIRAG's verdict in `scenario`: its papers' methods audits, the features, the stances."
+        return list(dict.fromkeys([k for p in self.case.scenarios[scenario] for k in self.records[p].methods_calls]
+                                  + self.feature_calls + self.stance_calls))
 
 # %% ../../nbs/42_verirag_method.ipynb #7591cb9d
 def audit_claim(llm: LLM, case: ClaimCase,
@@ -637,17 +666,17 @@ def audit_claim(llm: LLM, case: ClaimCase,
                 methods: Mapping[str, PaperMethods], # paper id -> its methods audit (`audit_methods`)
                 mode: AnswerMode = 'scored') -> CaseAudit:
     "Claim features and the batch stances of `paper_ids`, joined with the papers' methods audits."
-    with LEDGER.experiment(f'claim features/{case.split}/{case.claim_set}/{mode}'):
+    with LEDGER.experiment(f'claim features/{case.split}/{case.claim_set}/{mode}'), llm.ledger.trace() as feature_calls:
         feats = claim_features_of(llm, case.claim)
-    with LEDGER.experiment(f'VERIRAG stances/{case.split}/{case.claim_set}/{mode}'):
+    with LEDGER.experiment(f'VERIRAG stances/{case.split}/{case.claim_set}/{mode}'), llm.ledger.trace() as stance_calls:
         stances = paper_stances(llm, case, paper_ids, mode)
     records = {}
     for pid in paper_ids:
         m, s = methods[pid], stances[pid]
         status = 'methods_unparseable' if m.status != 'ok' else 'stance_unparseable' if s.status != 'ok' else 'ok'
         audit = PaperAudit(pid, s.answer, m.mask, m.verdicts, evidence_chunks(case.papers[pid], case.claim)) if status == 'ok' else None
-        records[pid] = AuditRecord(pid, status, audit, s)
-    return CaseAudit(case, feats.value if feats.status == 'ok' else None, records, mode)
+        records[pid] = AuditRecord(pid, status, audit, s, list(m.calls))
+    return CaseAudit(case, feats.value if feats.status == 'ok' else None, records, mode, list(feature_calls), list(stance_calls))
 
 # %% ../../nbs/42_verirag_method.ipynb #0f8def42
 def audit_status(audits: Sequence[CaseAudit]) -> dict[str, int]:
@@ -698,6 +727,67 @@ def verirag_verdicts(audits: Sequence[CaseAudit], scenario: str, boldness: Boldn
 def predicted_valid(verdicts: Sequence[str], truth: Sequence[bool]) -> list[bool]:
     "Verdicts as Valid flags for scoring; an unparseable verdict is scored as wrong (the opposite of the truth)."
     return [(not t) if v == 'unparseable' else v == 'Valid' for v, t in zip(verdicts, truth)]
+
+# %% ../../nbs/42_verirag_method.ipynb #b8d4f3e2
+SUMMARY_METRICS = {'accuracy (%)': 'accuracy', 'macro-F1': 'macro_f1', 'MCC': 'mcc'}   # row metric -> key of `score_verdicts`
+
+def score_verdicts(truth: Sequence[bool], # ground truth per claim (True = Valid)
+                   verdicts: Sequence[str], # 'Valid' / 'Invalid' / 'unparseable' per claim
+                   seed: int = 42) -> dict: # `classification_summary` + unparseable
+    "Accuracy, macro-F1 and MCC of one system's verdicts with 95% bootstrap intervals (unparseable scored wrong, and counted)."
+    m = classification_summary(truth, predicted_valid(verdicts, truth), seed=seed)
+    return m | dict(unparseable=list(verdicts).count('unparseable'))
+
+def score_rows(row: str, # '<system> / <subset>'
+               m: dict, # `score_verdicts`
+               metrics: Sequence[str] = tuple(SUMMARY_METRICS), # which of the three
+              ) -> list[dict]:
+    "Results rows of a `score_verdicts`: each metric with its 95% interval; the confusion counts in the note."
+    note = (f"TP/FP/FN/TN {m['tp']}/{m['fp']}/{m['fn']}/{m['tn']}; predicted Valid {m['predicted_valid_rate']:.2f}; "
+            f"{m['unparseable']} unparseable (scored wrong)")
+    return [ci_row(row, k, m[SUMMARY_METRICS[k]], m[f'{SUMMARY_METRICS[k]}_lo'], m[f'{SUMMARY_METRICS[k]}_hi'], m['n'], note)
+            for k in metrics]
+
+def compare_verdicts(truth: Sequence[bool], # ground truth per claim
+                     method: Sequence[str], baseline: Sequence[str], # both systems' verdicts on the same claims
+                     seed: int = 42) -> dict: # f1: `paired_f1_difference`, acc: `compare_paired`
+    "Method minus baseline on the same claims: paired macro-F1 difference (the verdict) and paired accuracy (McNemar)."
+    pm, pb = predicted_valid(method, truth), predicted_valid(baseline, truth)
+    acc = compare_paired([a == t for a, t in zip(pm, truth)], [b == t for b, t in zip(pb, truth)], seed=seed)
+    return dict(f1=paired_f1_difference(truth, pm, pb, seed=seed), acc=acc)
+
+def compare_rows(row: str, # '<method> vs <baseline> / <subset>'
+                 d: dict, # `compare_verdicts`
+                 method: str = 'VERIRAG') -> list[dict]:
+    "Results rows of a `compare_verdicts`: Δ accuracy (points) and McNemar p, then Δ macro-F1; the verdict (on macro-F1) in the note."
+    fd, acc = d['f1'], d['acc']
+    note = (f"verdict on macro-F1 (the paper's metric): {fd['verdict']}, {fd['diff']:+.3f}, 95% CI [{fd['lo']:+.3f}, "
+            f"{fd['hi']:+.3f}]; on accuracy: {acc['note']}; {method} right / baseline right on {acc['wins']} / {acc['losses']} claims")
+    return comparison_rows(row, acc, note) + [ci_row(row, 'Δ macro-F1', fd['diff'], fd['lo'], fd['hi'], acc['n'], note)]
+
+# %% ../../nbs/42_verirag_method.ipynb #e2a7c6b5
+ALL_INVALID = 'all-Invalid'   # the floor: a verifier that rejects every claim (no call)
+
+def claim_items(audit: CaseAudit, # the claim's audit in the items' answer mode
+                score: Mapping, # the claim's row of `verirag_scores` in `scenario`
+                runs: Mapping[str, BaselineRun], # baseline -> its run on the claim in `scenario`, same mode
+                scenario: str) -> list[dict]:
+    "The items rows of one claim (VERIRAG, the baselines, all-Invalid): the items contract's columns, then VERIRAG's and the baselines' own."
+    c, ids = audit.case, audit.case.scenarios[scenario]
+    gold = 'Valid' if c.valid else 'Invalid'
+    def row(system, pred, confidence=math.nan, option_logprobs='', raw='', calls=(), **own) -> dict:
+        return dict(dataset=c.claim_set, item_id=c.claim_id, system=system, pred=pred, gold=gold, correct=pred == gold,
+                    confidence=confidence, option_logprobs=option_logprobs, raw=raw, calls=list(calls),
+                    scenario=scenario, answer_mode=audit.mode, papers=json.dumps(ids)) | own
+    st = {p: audit.records[p].stance for p in ids}
+    return [row('VERIRAG', score['verdict'], raw=st[ids[0]].raw or '', calls=audit.calls(scenario),   # raw: the stance JSON (free_text)
+                stances=json.dumps({p: s.answer if s.status == 'ok' else 'unparseable' for p, s in st.items()}),
+                stance_logprobs=json.dumps({p: s.logprobs for p, s in st.items()}), hv=score['hv'], tau=score['tau'],
+                h_s=score['h_s'], h_r=score['h_r'], h_n=score['h_n'], papers_without_weight=score['dropped']),
+            *[row(b, r.verdict, math.nan if r.confidence is None else r.confidence, r.logprobs or '', r.raw,
+                  (audit.feature_calls if b in FEATURE_READERS else []) + r.calls, label=r.detail.get('label', ''),
+                  supports_mass=r.detail.get('m_s', math.nan)) for b, r in runs.items()],
+            row(ALL_INVALID, 'Invalid')]
 
 # %% ../../nbs/42_verirag_method.ipynb #fc835a4a
 def second_judge(llm: LLM, methods: Mapping[str, PaperMethods], # paper id -> judge A's methods audit
