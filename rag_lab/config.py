@@ -302,8 +302,10 @@ def git_commit(root: Path | None = None) -> str:
     try:
         sha = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=root, capture_output=True, text=True, timeout=10)
         if sha.returncode: return 'unknown'
-        # outputs (reports/, figures/) are not inputs: a run that follows another is not 'dirty' because of it
-        dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no', '--', '.', ':!reports', ':!figures'], cwd=root,
+        # outputs (reports/, figures/, the digests of the tables a replay must reproduce) are not inputs: a run that
+        # follows another in the same `rag-lab reproduce` is not 'dirty' because the first one published
+        dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no', '--', '.', ':!reports', ':!figures',
+                                ':(exclude,glob)records/*/*/tables.sha256'], cwd=root,
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return sha.stdout.strip() + ('+dirty' if dirty else '')
     except (OSError, subprocess.TimeoutExpired): return 'unknown'

@@ -32,11 +32,16 @@ def test_git_commit_ignores_outputs_but_not_inputs(tmp_path):
     from rag_lab.config import git_commit
     git = lambda *a: subprocess.run(['git', '-c', 'user.name=t', '-c', 'user.email=t@t', *a], cwd=tmp_path, check=True, capture_output=True)
     (tmp_path / 'reports').mkdir(); (tmp_path / 'reports' / 't.csv').write_text('a\n'); (tmp_path / 'nb.py').write_text('x = 1\n')
+    rec = tmp_path / 'records' / 'p' / 'default'; rec.mkdir(parents=True)
+    (rec / 'tables.sha256').write_text('a\n'); (rec / 'calls-all.jsonl.gz').write_bytes(b'1')
     git('init', '-q'); git('add', '.'); git('commit', '-qm', 'init')
     clean = git_commit(tmp_path)
     assert len(clean) == 40 and not clean.endswith('+dirty')
-    (tmp_path / 'reports' / 't.csv').write_text('b\n')
+    (tmp_path / 'reports' / 't.csv').write_text('b\n'); (rec / 'tables.sha256').write_text('b\n')   # outputs of an earlier chapter
     assert git_commit(tmp_path) == clean
+    (rec / 'calls-all.jsonl.gz').write_bytes(b'2')   # recorded calls are what a replay reads: an input
+    assert git_commit(tmp_path) == clean + '+dirty'
+    git('checkout', '-q', '--', str(rec / 'calls-all.jsonl.gz'))
     (tmp_path / 'nb.py').write_text('x = 2\n')
     assert git_commit(tmp_path) == clean + '+dirty'
 
