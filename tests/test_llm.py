@@ -128,7 +128,7 @@ def test_cache_mode_from_environment(tmp_path, monkeypatch):
     c = LLMCache(tmp_path / 'c.sqlite')
     c.put('k', {'v': 1}); assert c.get('k') is None and len(c) == 0
     monkeypatch.setenv('RAG_LAB_LLM_CACHE', 'sometimes')
-    with pytest.raises(ValueError, match='cache mode'): LLMCache(tmp_path / 'c.sqlite')
+    with pytest.raises(ValueError, match='RAG_LAB_LLM_CACHE'): LLMCache(tmp_path / 'c.sqlite')   # names the variable
 
 
 def _writer(path: str, who: int, n: int, start):

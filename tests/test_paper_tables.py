@@ -51,7 +51,7 @@ def test_results_table_checks_each_row_against_the_tolerance_in_the_data(tmp_pat
     assert t.check.to_dict() == {('BM25', 'nDCG@10'): 'OK', ('BM25', 'Recall@10'): 'close', ('Dense-Contrastive', 'nDCG@10'): 'OK',
                                  ('Dense-Contrastive', 'Recall@10'): 'off', ('Dense-MiniLM', 'nDCG@10'): ''}
     written = pd.read_csv(tmp_path / 'reports' / 'claim_aware' / 'table5.csv', keep_default_na=False)
-    assert list(written.columns[:5]) == ['row', 'metric', 'paper', 'ours', 'check'] and 'off' in set(written.check)
+    assert list(written.columns[:7]) == ['row', 'metric', 'paper', 'ours', 'ci_low', 'ci_high', 'check'] and 'off' in set(written.check)
 
 
 def test_runtimes_on_the_papers_hardware_are_shown_but_never_judged(tmp_path):
