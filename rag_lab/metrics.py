@@ -16,7 +16,9 @@ __all__ = ['Verdict', 'MIN_DECIDABLE_N', 'BINARY_METRICS', 'bootstrap_ci', 'pair
            'compare_paired', 'as_qrels', 'ir_metrics', 'per_query', 'compare_runs', 'gate_sweep', 'risk_coverage',
            'aurc', 'aurc_optimal', 'sentence_f1', 'token_f1', 'index_bootstrap_ci', 'auroc_ci', 'cohen_kappa',
            'outcome_codes', 'binary_confusion', 'macro_f1_from_confusion', 'mcc_from_confusion',
-           'metrics_from_confusion', 'binary_metrics', 'binary_bootstrap_ci', 'paired_binary_bootstrap']
+           'metrics_from_confusion', 'binary_metrics', 'binary_bootstrap_ci', 'paired_binary_bootstrap',
+           'label_distribution', 'majority_label', 'constant_accuracy', 'gold_logprob', 'paired_gold_logprob',
+           'answer_margin', 'fit_option_bias', 'content_free_bias', 'apply_option_bias', 'prior_verdict']
 
 # %% ../nbs/06_metrics.ipynb #b4fa8d71
 def bootstrap_ci(values: Sequence[float], # per-item scores (e.g. 1 correct / 0 wrong)
@@ -331,3 +333,104 @@ def paired_binary_bootstrap(y_true: Sequence[bool], # truth, True = positive
     "Macro-F1 (or MCC) of A minus B on the same items: paired percentile interval and p-value, the same resampled items for both."
     return paired_bootstrap(outcome_codes(y_true, pred_a), outcome_codes(y_true, pred_b), stat=_of_codes(metric),
                             n_boot=n_boot, alpha=alpha, seed=seed)
+
+# %% ../nbs/06_metrics.ipynb #1f22ae1d
+def label_distribution(labels: Sequence[str | None], # predicted (None: unreadable) or gold labels
+                       options: Sequence[str] = (), # labels to list first, in this order (shown even at 0%)
+                      ) -> dict[str, float]: # label -> share of items (%); None becomes 'unreadable'
+    "The share of each label, for setting predictions beside the gold distribution (a prior shows up here first)."
+    names = ['unreadable' if x is None else str(x) for x in labels]
+    if not names: return {}
+    counts = {o: 0 for o in options}
+    for x in names: counts[x] = counts.get(x, 0) + 1
+    return {k: 100 * v / len(names) for k, v in counts.items()}
+
+def majority_label(dev_gold: Sequence[str], # gold labels of the dev split (never the headline items)
+                  ) -> str:
+    "The most frequent dev label (ties: the first in sorted order): the constant a prior-only system would answer."
+    if not len(dev_gold): raise ValueError("the majority label needs at least one dev item")
+    counts = {}
+    for g in dev_gold: counts[g] = counts.get(g, 0) + 1
+    return sorted(counts, key=lambda k: (-counts[k], k))[0]
+
+def constant_accuracy(label: str, # the answer given to every item
+                      gold: Sequence[str], # the headline items' gold labels
+                      seed: int = 42,
+                     ) -> dict:
+    "`accuracy` of answering `label` every time (acc, lo, hi, n, n_unparsed), plus its per-item correctness."
+    a = accuracy([label] * len(gold), gold, seed=seed)
+    return a | dict(correct=np.array([g == label for g in gold]))
+
+# %% ../nbs/06_metrics.ipynb #2a7a6b7d
+def _log_softmax_dict(scores: Mapping[str, float]) -> dict[str, float]:
+    v = np.array(list(scores.values()), dtype=float)
+    m = v.max()
+    return dict(zip(scores, v - m - np.log(np.exp(v - m).sum())))
+
+def gold_logprob(option_logprobs: Mapping[str, float], # option -> its (summed) log-probability, e.g. an items file's `option_logprobs`
+                 gold: str, # the gold option
+                ) -> float: # log p(gold) after normalising over the options (0 is certainty; log(1/k) is a uniform guess)
+    "The threshold-free score of one item: how much probability the system puts on the right option, among the options."
+    if gold not in option_logprobs: raise KeyError(f"gold option {gold!r} is not among the scored options {list(option_logprobs)}")
+    return float(_log_softmax_dict(option_logprobs)[gold])
+
+def paired_gold_logprob(a: Sequence[Mapping[str, float]], # system A's option log-probabilities per item
+                        b: Sequence[Mapping[str, float]], # system B's, same items in the same order
+                        gold: Sequence[str], # gold options
+                        n_boot: int = 2000, seed: int = 42,
+                       ) -> dict: # diff, lo, hi, p (nats per item), n
+    "Mean log-probability of the gold option, A minus B, with a paired bootstrap interval: a comparison no threshold decides."
+    if not (len(a) == len(b) == len(gold)): raise ValueError(f"{len(a)}, {len(b)} and {len(gold)} items: the comparison needs the same items")
+    la = [gold_logprob(x, g) for x, g in zip(a, gold)]
+    lb = [gold_logprob(x, g) for x, g in zip(b, gold)]
+    return paired_bootstrap(la, lb, n_boot=n_boot, seed=seed) | dict(n=len(gold))
+
+def answer_margin(option_logprobs: Mapping[str, float], # option -> log-probability
+                  positive: str = 'yes', negative: str = 'no', # the two options whose margin ranks the items
+                 ) -> float:
+    "log p(positive) − log p(negative): the score whose AUROC against the gold label is threshold-free (`auroc_ci`)."
+    return float(option_logprobs[positive] - option_logprobs[negative])
+
+# %% ../nbs/06_metrics.ipynb #5a74b889
+def fit_option_bias(dev: Sequence[Mapping[str, float]], # option log-probabilities of the dev items
+                    dev_gold: Sequence[str], # their gold options
+                    iters: int = 200, # Newton-free gradient steps (the problem is convex and tiny)
+                   ) -> dict[str, float]: # option -> additive offset (they sum to 0)
+    "Per-option offsets b minimising the dev negative log-likelihood of softmax(logp + b): prior calibration fitted on dev."
+    options = list(dev[0]) if len(dev) else []
+    if not options or len(dev) != len(dev_gold): raise ValueError(f"{len(dev)} dev items with {len(dev_gold)} gold labels")
+    L = np.array([[x[o] for o in options] for x in dev], dtype=float)
+    Y = np.array([[g == o for o in options] for g in dev_gold], dtype=float)
+    b = np.zeros(len(options))
+    for _ in range(iters):
+        z = L + b; p = np.exp(z - z.max(1, keepdims=True)); p /= p.sum(1, keepdims=True)
+        b -= 1.0 * (p - Y).mean(0)   # gradient of the mean NLL; step 1 is safe (its Hessian is at most 1/2)
+    b -= b.mean()
+    return dict(zip(options, b.tolist()))
+
+def content_free_bias(content_free: Mapping[str, float], # option log-probabilities for a content-free input ('N/A', '')
+                     ) -> dict[str, float]:
+    "Offsets that undo the prior a content-free input reveals (contextual calibration: every option equally likely there)."
+    lp = _log_softmax_dict(content_free)
+    mean = float(np.mean(list(lp.values())))
+    return {o: mean - v for o, v in lp.items()}
+
+def apply_option_bias(option_logprobs: Mapping[str, float], # one item's option log-probabilities
+                      bias: Mapping[str, float], # from `fit_option_bias` or `content_free_bias`
+                     ) -> dict[str, float]:
+    "The item's option scores with the offsets added (the answer is their argmax; the option set must match)."
+    if set(option_logprobs) != set(bias): raise ValueError(f"options {sorted(option_logprobs)} vs calibrated {sorted(bias)}")
+    return {o: float(v + bias[o]) for o, v in option_logprobs.items()}
+
+# %% ../nbs/06_metrics.ipynb #0074252e
+def prior_verdict(primary: dict, # a paired comparison of the primary metric: lo, hi, n (e.g. `compare_paired`)
+                  threshold_free: dict | None, # the paired threshold-free difference: diff (e.g. `paired_gold_logprob`); None: not scored
+                 ) -> tuple[Verdict, str]: # (verdict, reason)
+    "'confirmed'/'refuted' only when the primary interval excludes zero and the threshold-free difference points the same way."
+    v = verdict(primary['lo'], primary['hi'], primary.get('n'))
+    if v == 'undecided': return v, 'the primary interval includes 0' if primary.get('n', MIN_DECIDABLE_N) >= MIN_DECIDABLE_N else 'too few paired items'
+    if threshold_free is None or math.isnan(threshold_free.get('diff', float('nan'))):
+        return 'undecided', 'no threshold-free score to check the direction'
+    agrees = threshold_free['diff'] > 0 if v == 'confirmed' else threshold_free['diff'] < 0
+    return (v, 'the primary interval excludes 0 and the threshold-free difference agrees') if agrees else \
+           ('undecided', 'the primary interval excludes 0 but the threshold-free difference points the other way (a threshold effect)')
