@@ -4,11 +4,13 @@
 
 # %% ../nbs/51_pubmed_reasoner_eutils.ipynb #385be10e
 from __future__ import annotations
-import os, re, threading, time, random, json
+import email.utils, io, math, os, re, selectors, socket, threading, time, random, json
 import urllib.error, urllib.parse, urllib.request
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from datetime import timezone
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Iterable, Sequence
 import numpy as np
 from .data import MeshVocabulary, mesh_vocabulary, biomedical_corpus, RateLimiter
@@ -18,7 +20,8 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['MAX_QUERY_CHARS', 'MAX_QUERY_DEPTH', 'MAX_QUERY_TERMS', 'FIELD_TAGS', 'DATE_FIELDS', 'OPERATORS', 'MESH_FIELDS',
-           'LOCAL_FIELDS', 'MAX_POST_BYTES', 'NCBI_EUTILS', 'QuerySyntaxError', 'Term', 'Token', 'lex_query',
+           'LOCAL_FIELDS', 'MAX_POST_BYTES', 'MAX_HEAD_BYTES', 'REQUEST_TIMEOUT', 'MAX_HANDLERS', 'MAX_OPEN_REQUESTS',
+           'LISTEN_BACKLOG', 'NCBI_EUTILS', 'MAX_RETRY_AFTER', 'QuerySyntaxError', 'Term', 'Token', 'lex_query',
            'BoolNode', 'date_range', 'parse_query', 'render_query', 'query_terms', 'normalize_query', 'mesh_terms',
            'scope_query', 'compose_query', 'UnsupportedFieldError', 'LocalPubMed', 'esearch_xml', 'efetch_xml',
            'LocalEutilsServer', 'PubMedError', 'PubMedQueryError', 'Article', 'SearchResult', 'PubMedClient']
@@ -52,6 +55,7 @@ FIELD_TAGS: dict[str, str] = {alias: canon for canon, aliases in _NCBI_FIELDS.it
 DATE_FIELDS = frozenset({'pdat', 'edat', 'crdt', 'mhda', 'dcom', 'lr'})  # values are dates or date ranges
 _PROXIMITY = re.compile(r'(ti|title|tiab|title/abstract|ad|affiliation):~(\d+)')  # "a b"[tiab:~2]: PubMed's proximity search
 OPERATORS = ('AND', 'OR', 'NOT')
+_CONTROL = re.compile(r'[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff\ud800-\udfff]')  # what XML 1.0 cannot carry (tab, LF, CR it can)
 
 @dataclass(frozen=True)
 class Term:
@@ -93,6 +97,10 @@ def lex_query(query: str, # a PubMed query
     "Tokens of `query`: parentheses, upper-case operators and terms (word runs / phrases with their field tag)."
     if not isinstance(query, str): raise TypeError(f"a query must be a string, not {type(query).__name__}")
     if len(query) > MAX_QUERY_CHARS: raise QuerySyntaxError(f"query of {len(query)} characters; at most {MAX_QUERY_CHARS} are accepted")
+    if (bad := _CONTROL.search(query)):
+        if strict: raise QuerySyntaxError(f"control character U+{ord(bad[0]):04X} at position {bad.start()}; a query may hold tabs and "
+                                          f"line breaks but no other control character (the XML answer could not carry it)")
+        query = _CONTROL.sub(' ', query)  # repaired as the search's tokenizer reads it: a word break
     toks: list[Token] = []; words: list[tuple[str, int]] = []; i = 0
     def flush(field_: str = 'all'):
         if words: toks.append(Token('term', Term(' '.join(w for w, _ in words), field_, False, words[0][1]), words[0][1]))
@@ -288,7 +296,7 @@ def compose_query(concepts: Sequence[Sequence[str]], # concept groups of alterna
     for alts in concepts:
         terms = []
         for a in alts:
-            a = ' '.join(str(a).replace('"', ' ').replace('[', ' ').replace(']', ' ').replace('(', ' ').replace(')', ' ').split())
+            a = ' '.join(_CONTROL.sub(' ', str(a)).replace('"', ' ').replace('[', ' ').replace(']', ' ').replace('(', ' ').replace(')', ' ').split())
             if not a: continue
             d = vocab.descriptor(a)
             t = Term(d, 'mesh', True).render() if d else Term(a, 'tiab', True).render()
@@ -367,6 +375,8 @@ def _eval(self: LocalPubMed, node, warnings: list[str]) -> np.ndarray:
         names = {d} if f.endswith(':noexp') else self.vocab.narrower(d)
         hits = [self.by_mesh[n] for n in names if n in self.by_mesh]
         return self._mask(np.concatenate(hits)) if hits else np.zeros(self._n, bool)
+    if f in ('all', 'tiab', 'ti', 'ab', 'tw') and not tokenize(text):  # '!!!': no word to look for; an empty AND would match all
+        warnings.append(text); return np.zeros(self._n, bool)
     if f == 'tiab': return self._phrase(self.tiab, text)
     if f == 'ti': return self._phrase(self.ti, text)
     if f == 'ab': return self._phrase(self.ab, text)
@@ -405,22 +415,26 @@ def search(self: LocalPubMed, query: str, # PubMed syntax
     return dict(count=int(mask.sum()), ids=ids, query_translation=render_query(tree), not_found=not_found)
 
 # %% ../nbs/51_pubmed_reasoner_eutils.ipynb #eef2fd15
+def _xml_text(value) -> str:
+    "`value` as text XML 1.0 can carry: each character it forbids becomes U+FFFD (ordinary text is unchanged)."
+    return _CONTROL.sub('\ufffd', str(value))
+
 def esearch_xml(result: dict | None = None, # LocalPubMed.search output
                 retstart: int = 0, error: str | None = None) -> bytes:
     "An NCBI `eSearchResult` document (or one carrying an ERROR)."
     root = ET.Element('eSearchResult')
     if error is not None:
-        ET.SubElement(root, 'ERROR').text = error
+        ET.SubElement(root, 'ERROR').text = _xml_text(error)
     else:
         for tag, val in (('Count', result['count']), ('RetMax', len(result['ids'])), ('RetStart', retstart)):
             ET.SubElement(root, tag).text = str(val)
         ids = ET.SubElement(root, 'IdList')
-        for i in result['ids']: ET.SubElement(ids, 'Id').text = i
+        for i in result['ids']: ET.SubElement(ids, 'Id').text = _xml_text(i)
         ET.SubElement(root, 'TranslationSet')
-        ET.SubElement(root, 'QueryTranslation').text = result['query_translation']
+        ET.SubElement(root, 'QueryTranslation').text = _xml_text(result['query_translation'])
         if result['not_found']:
             el = ET.SubElement(root, 'ErrorList')
-            for p in result['not_found']: ET.SubElement(el, 'PhraseNotFound').text = p
+            for p in result['not_found']: ET.SubElement(el, 'PhraseNotFound').text = _xml_text(p)
     return b'<?xml version="1.0" encoding="UTF-8" ?>\n' + ET.tostring(root, encoding='utf-8')
 
 def efetch_xml(docs: Sequence[Document], vocabulary: MeshVocabulary | None = None) -> bytes:
@@ -430,33 +444,172 @@ def efetch_xml(docs: Sequence[Document], vocabulary: MeshVocabulary | None = Non
     for d in docs:
         art = ET.SubElement(root, 'PubmedArticle')
         cit = ET.SubElement(art, 'MedlineCitation', Status='MEDLINE', Owner='NLM')
-        ET.SubElement(cit, 'PMID', Version='1').text = d.id
+        ET.SubElement(cit, 'PMID', Version='1').text = _xml_text(d.id)
         a = ET.SubElement(cit, 'Article', PubModel='Print')
         issue = ET.SubElement(ET.SubElement(a, 'Journal'), 'JournalIssue')
         pub = ET.SubElement(issue, 'PubDate')
         if d.metadata.get('year'): ET.SubElement(pub, 'Year').text = str(d.metadata['year'])
-        ET.SubElement(a, 'ArticleTitle').text = d.title
-        ET.SubElement(ET.SubElement(a, 'Abstract'), 'AbstractText').text = d.text
+        ET.SubElement(a, 'ArticleTitle').text = _xml_text(d.title)
+        ET.SubElement(ET.SubElement(a, 'Abstract'), 'AbstractText').text = _xml_text(d.text)
         if d.metadata.get('mesh'):
             mh = ET.SubElement(cit, 'MeshHeadingList')
             for m in d.metadata['mesh']:
                 ET.SubElement(ET.SubElement(mh, 'MeshHeading'), 'DescriptorName', UI=vocab.ui.get(m, ''),
-                              MajorTopicYN='N').text = m
+                              MajorTopicYN='N').text = _xml_text(m)
     return b'<?xml version="1.0" ?>\n' + ET.tostring(root, encoding='utf-8')
 
 # %% ../nbs/51_pubmed_reasoner_eutils.ipynb #4f4d77e7
-MAX_POST_BYTES = 1 << 20  # the local service reads at most 1 MiB of request body
+MAX_POST_BYTES = 1 << 20   # the local service reads at most 1 MiB of request body
+MAX_HEAD_BYTES = 1 << 17   # ... and at most 128 KiB of request line and headers (http.server allows 64 KiB a line)
+REQUEST_TIMEOUT = 10.0     # seconds a connection has to deliver its whole request (and then to take the answer)
+MAX_HANDLERS = 8           # threads answering requests: a search is CPU work under the GIL, more threads add no speed
+MAX_OPEN_REQUESTS = 512    # connections read at once; more wait in the listen backlog
+LISTEN_BACKLOG = 1024      # connections the kernel queues before the service accepts them (capped by net.core.somaxconn)
+
+# %% ../nbs/51_pubmed_reasoner_eutils.ipynb #52690672
+_HEAD_END = re.compile(rb'\n\r?\n')   # the blank line ending the headers (http.server accepts bare LF too)
+_CONTENT_LENGTH = re.compile(rb'^content-length[ \t]*:[ \t]*([0-9]{1,18})[ \t]*\r?$', re.I | re.M)
+_VERSIONED = re.compile(rb' HTTP/[0-9]')
+
+def _request_complete(data: bytes, # what a client has sent so far
+                     ) -> bool: # True: a handler can answer from `data` alone
+    "Whether `data` holds a whole request: request line, headers and the body its Content-Length announces."
+    if len(data) > MAX_HEAD_BYTES + MAX_POST_BYTES: return True  # more than a handler reads: it answers the error
+    line_end = data.find(b'\n')
+    if line_end < 0: return len(data) > MAX_HEAD_BYTES
+    if not _VERSIONED.search(data, 0, line_end): return True  # no HTTP version: no headers follow, the handler refuses it
+    end = _HEAD_END.search(data, line_end)
+    if end is None: return len(data) > MAX_HEAD_BYTES
+    m = _CONTENT_LENGTH.search(data, line_end, end.start())
+    return m is None or int(m[1]) > MAX_POST_BYTES or len(data) - end.end() >= int(m[1])  # an oversized body is refused unread
+
+# %% ../nbs/51_pubmed_reasoner_eutils.ipynb #edb59822
+class _ReadAhead:
+    "A connection whose request was read already: the handler reads it from memory and writes to the socket."
+    def __init__(self, sock: socket.socket, data: bytes): self._sock, self._data = sock, data
+    def makefile(self, mode: str = 'r', *args, **kw):
+        return io.BytesIO(self._data) if 'r' in mode else self._sock.makefile(mode, *args, **kw)
+    def __getattr__(self, name: str): return getattr(self._sock, name)
+
+# %% ../nbs/51_pubmed_reasoner_eutils.ipynb #bd68e33e
+class _GatedHTTPServer(HTTPServer):
+    "An HTTPServer whose one thread accepts connections and reads each request whole, by a deadline, before a bounded pool answers it."
+    request_queue_size = LISTEN_BACKLOG  # a burst of clients waits in the kernel instead of being dropped
+
+    def __init__(self, address: tuple[str, int], handler: type,
+                 workers: int, # handler threads
+                 request_timeout: float, # seconds from connection to whole request
+                 max_open: int = MAX_OPEN_REQUESTS, # connections read at once
+                ):
+        super().__init__(address, handler)
+        self.request_timeout, self.max_open = request_timeout, max_open
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix='local-eutils-handler')
+        self._stop, self._idle = threading.Event(), threading.Event()
+        self._idle.set()
+
+    def shutdown(self) -> None:
+        "Stop `serve_forever` and wait until it has returned."
+        self._stop.set(); self._idle.wait()
+
+    def server_close(self) -> None:
+        "Close the listening socket; requests already read are still answered."
+        super().server_close(); self.pool.shutdown(wait=False)
+
+    def _answer(self, sock: socket.socket, addr, data: bytes) -> None:
+        "Run the handler on a request read whole (in a pool thread)."
+        try: self.finish_request(_ReadAhead(sock, data), addr)
+        except Exception: self.handle_error(sock, addr)
+        finally: self.shutdown_request(sock)
+
+# %% ../nbs/51_pubmed_reasoner_eutils.ipynb #948ee731
+@patch
+def serve_forever(self: _GatedHTTPServer, poll_interval: float = 0.1):
+    "Accept, read and hand over requests until `shutdown()`; 408 to a request not whole by its deadline."
+    self._idle.clear()
+    sel = selectors.DefaultSelector()
+    reading: dict[socket.socket, list] = {}   # connection -> [bytes so far, deadline, client address]
+    closing: dict[socket.socket, float] = {}  # answered 408: its late bytes are read and dropped until EOF or this time
+    def close(s):
+        sel.unregister(s); reading.pop(s, None); closing.pop(s, None); s.close()
+    self.socket.setblocking(False); listening = False
+    try:
+        while not self._stop.is_set():
+            if listening != (len(reading) < self.max_open):  # full: new connections wait in the backlog
+                if listening: sel.unregister(self.socket)
+                else: sel.register(self.socket, selectors.EVENT_READ)
+                listening = not listening
+            for key, _ in sel.select(poll_interval):
+                s = key.fileobj
+                if s is self.socket: self._accept(sel, reading)
+                elif s in reading: self._read(sel, reading, s)
+                else:
+                    try: late = s.recv(65536)
+                    except (BlockingIOError, InterruptedError): continue
+                    except OSError: late = b''
+                    if not late: close(s)
+            now = time.monotonic()
+            for s in [s for s, r in reading.items() if r[1] <= now]:
+                reading.pop(s)
+                if self._refuse_late(s): closing[s] = now + 1.0   # keep reading a moment: a reset would discard the 408
+                else: sel.unregister(s); s.close()
+            for s in [s for s, t in closing.items() if t <= now]: close(s)
+    finally:
+        for s in [*reading, *closing]: close(s)
+        sel.close(); self._stop.clear(); self._idle.set()
+
+# %% ../nbs/51_pubmed_reasoner_eutils.ipynb #6cfb22d5
+@patch
+def _accept(self: _GatedHTTPServer, sel: selectors.BaseSelector, reading: dict) -> None:
+    "Take the waiting connections (up to `max_open` being read), each with its deadline."
+    while len(reading) < self.max_open:
+        try: sock, addr = self.socket.accept()
+        except (BlockingIOError, InterruptedError): return
+        except OSError: self._stop.wait(0.05); return  # e.g. out of file descriptors: it stays queued, tried again
+        sock.setblocking(False)
+        reading[sock] = [bytearray(), time.monotonic() + self.request_timeout, addr]
+        sel.register(sock, selectors.EVENT_READ)
+
+# %% ../nbs/51_pubmed_reasoner_eutils.ipynb #b3c2e9a4
+@patch
+def _read(self: _GatedHTTPServer, sel: selectors.BaseSelector, reading: dict, sock: socket.socket) -> None:
+    "Take what `sock` has sent; hand its request to a handler once whole (or once the client stops sending)."
+    try: chunk = sock.recv(65536)
+    except (BlockingIOError, InterruptedError): return
+    except OSError: chunk = None   # reset: nobody to answer
+    data = reading[sock][0]
+    if chunk:
+        data += chunk
+        if not _request_complete(data): return
+    sel.unregister(sock); addr = reading.pop(sock)[2]
+    if chunk is None or not data: return sock.close()
+    sock.setblocking(True); sock.settimeout(self.request_timeout)   # the answer is sent within the same bound
+    self.pool.submit(self._answer, sock, addr, bytes(data))
+
+# %% ../nbs/51_pubmed_reasoner_eutils.ipynb #4ab5d78d
+@patch
+def _refuse_late(self: _GatedHTTPServer, sock: socket.socket) -> bool:
+    "Answer 408 to a request not whole in time and end the sending side; False if the client is gone."
+    body = esearch_xml(error=f'request not complete within {self.request_timeout:g} s; the connection is closed')
+    head = (f'HTTP/1.0 408 Request Timeout\r\nContent-Type: text/xml; charset=UTF-8\r\nContent-Length: {len(body)}\r\n'
+            f'Connection: close\r\n\r\n').encode()
+    try: sock.send(head + body); sock.shutdown(socket.SHUT_WR); return True
+    except OSError: return False
 
 # %% ../nbs/51_pubmed_reasoner_eutils.ipynb #35c7d038
 class LocalEutilsServer:
     "A local, E-utilities-compatible PubMed (esearch + efetch) over a `LocalPubMed`."
     def __init__(self, pubmed: LocalPubMed | None = None, # default: LocalPubMed over biomedical_corpus()
                  port: int = 0, # 0: any free port
+                 workers: int = MAX_HANDLERS, # threads answering requests
+                 timeout: float = REQUEST_TIMEOUT, # seconds a connection has to deliver its whole request, and to take the answer
                 ):
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be an integer >= 1, not {workers!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+            raise ValueError(f"timeout must be a number of seconds > 0, not {timeout!r}")
         self.pubmed = pubmed or LocalPubMed()
         self.requests = 0
-        self.httpd = ThreadingHTTPServer(('127.0.0.1', port), self._handler())
-        self.httpd.daemon_threads = True
+        self.httpd = _GatedHTTPServer(('127.0.0.1', port), self._handler(), workers, float(timeout))
         self.thread: threading.Thread | None = None
 
     @property
@@ -568,6 +721,21 @@ def _read_within(req: urllib.request.Request, deadline: float, max_bytes: int) -
     if 'error' in box: raise box['error']
     return box['body']
 
+# %% ../nbs/51_pubmed_reasoner_eutils.ipynb #4f0b5f3f
+MAX_RETRY_AFTER = 60.0  # seconds: a longer Retry-After fails at once, naming the server's request, rather than stall a run
+
+def _retry_after(value: str | None, # a Retry-After header
+                 now: float | None = None, # epoch seconds; default time.time()
+                ) -> float | None: # seconds to wait (inf for a number too large for a float); None: absent or unreadable
+    "Seconds a Retry-After header asks for: delta-seconds or an HTTP-date (a past date is 0); None for nan, inf, negatives or garbage."
+    v = (value or '').strip()
+    if not v: return None
+    if re.fullmatch(r'[0-9]+(?:\.[0-9]+)?', v): return float(v)  # RFC 9110 delta-seconds (a decimal tolerated)
+    try: when = email.utils.parsedate_to_datetime(v)
+    except (TypeError, ValueError, IndexError, OverflowError): return None
+    if when.tzinfo is None: when = when.replace(tzinfo=timezone.utc)  # '-0000' reads as naive; HTTP-dates are GMT
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
 # %% ../nbs/51_pubmed_reasoner_eutils.ipynb #7a93dbe6
 class PubMedClient:
     "NCBI E-utilities client (esearch/efetch) with rate limiting, retries and clear errors."
@@ -578,13 +746,17 @@ class PubMedClient:
                  timeout: float = 30, # seconds for one whole request (connect, send, every read): a slow drip cannot stall
                  max_bytes: int = 50_000_000, # largest answer accepted
                  validate: bool = True, # parse queries locally before sending
-                 tool: str = 'rag_lab', email: str | None = None):
+                 tool: str = 'rag_lab', email: str | None = None,
+                 max_retry_after: float = MAX_RETRY_AFTER, # longest Retry-After honoured (s); a longer one fails at once
+                ):
+        if isinstance(max_retry_after, bool) or not isinstance(max_retry_after, (int, float)) or not 0 <= max_retry_after < math.inf:
+            raise ValueError(f"max_retry_after must be a number of seconds >= 0, not {max_retry_after!r}")
         self.base_url = base_url.rstrip('/')
         self.api_key = api_key if api_key is not None else (os.environ.get('NCBI_API_KEY') or None)
         rate = requests_per_second or (10.0 if self.api_key else 3.0)
         self.limiter = RateLimiter(rate)
         self.retries, self.backoff, self.timeout, self.validate, self.max_bytes = retries, backoff, timeout, validate, max_bytes
-        self.tool, self.email = tool, email
+        self.tool, self.email, self.max_retry_after = tool, email, max_retry_after
         self.counts = {'esearch': 0, 'efetch': 0}
         self._lock = threading.Lock()
 
@@ -624,7 +796,14 @@ def _request(self: PubMedClient, utility: str, params: dict) -> bytes:
         except urllib.error.HTTPError as e:
             body = e.read()
             if e.code == 429 or e.code >= 500:
-                wait, why = float(e.headers.get('Retry-After') or 0), f'HTTP {e.code}'
+                header, why = e.headers.get('Retry-After'), f'HTTP {e.code}'
+                wait = _retry_after(header)
+                if wait is None and (header or '').strip(): why += f" (Retry-After {header!r} unreadable: the client's own backoff was used)"
+                if wait is not None and wait > self.max_retry_after:
+                    raise PubMedError(f"{utility} at {self.base_url} answered HTTP {e.code} with Retry-After: {header} ({wait:.0f} s); "
+                                      f"this client waits at most {self.max_retry_after:g} s (max_retry_after). Try again later, "
+                                      f"or allow a longer wait with PubMedClient(max_retry_after=...)") from None
+                wait = wait or 0.0
             else:
                 msg = _error_message(body)
                 if e.code == 400 and msg: raise PubMedQueryError(f"{utility.removesuffix('.fcgi')} refused the request: {msg}") from None
