@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from datetime import datetime, timezone
 from importlib import metadata
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 from .papers import get_paper   # the registry: a leaf module below every layer (it loads paper modules by name, on use)
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, TypeAdapter, field_validator, model_validator
 
@@ -231,6 +231,12 @@ def backend_refusal(backend: str, # a backend name
     return (f"backend {backend!r} cannot {' or '.join(CAPABILITY_TEXT[m] for m in missing)}, which {why} needs; "
             f"backends that can: {', '.join(can) or 'none'}")
 
+# %% ../nbs/00_config.ipynb #77884c8e
+def _number_types(ann: Any, # a parameter's annotation, e.g. `int | None`
+                 ) -> set[type]:
+    "The number types (int, float) a parameter's annotation admits; bool, a subclass of int, is not one of them."
+    return {a for a in (get_args(ann) or (ann,)) if a in (int, float)}
+
 # %% ../nbs/00_config.ipynb #1cf291a2
 def param_schema(slug: str, # paper slug, e.g. 'claim_aware'
                 ) -> type[NotebookParams]:
@@ -261,10 +267,19 @@ def parse_param(slug: str, # paper slug
     if name not in schema.model_fields:
         raise ValueError(f"unknown parameter {name!r} for {slug}; known: {', '.join(schema.model_fields)}")
     ann = schema.model_fields[name].annotation
-    try: value = TypeAdapter(ann).validate_python(json.loads(text) if text not in ('None',) else None)
-    except (json.JSONDecodeError, ValidationError):
-        try: value = TypeAdapter(ann).validate_python(text)
-        except ValidationError as e: raise ValueError(f"bad value {text!r} for {slug}.{name}: {e.errors()[0]['msg']}") from None
+    bad = lambda why: ValueError(f"bad value {text!r} for {slug}.{name}: {why}")
+    try: raw = None if text == 'None' else json.loads(text)
+    except json.JSONDecodeError: raw = text
+    if (numbers := _number_types(ann)):   # strictly: lax mode takes JSON true for 1 and 3.0 for 3
+        if isinstance(raw, bool): raise bad(f"a boolean is not a number ({'an integer' if float not in numbers else 'a number'} is expected)")
+        if isinstance(raw, float) and float not in numbers: raise bad("an integer is expected, written without a decimal point or exponent")
+        try: value = TypeAdapter(ann, config=ConfigDict(strict=True)).validate_python(raw)
+        except ValidationError as e: raise bad(e.errors()[0]['msg']) from None
+    else:
+        try: value = TypeAdapter(ann).validate_python(raw)
+        except ValidationError:
+            try: value = TypeAdapter(ann).validate_python(text)   # a string parameter keeps the text as typed ('123')
+            except ValidationError as e: raise bad(e.errors()[0]['msg']) from None
     try: checked = schema(**{**paper.profiles['default'], name: value})
     except ValidationError as e:
         mine = [x for x in e.errors() if x['loc'][:1] == (name,)]

@@ -189,7 +189,8 @@ class Results:
     def _note_digests(self, path: Path) -> None:
         "Write the tables' digests next to the records, from a run that replayed every call (usage tables count sources)."
         if LEDGER.sources()['computed'] == 0:
-            atomic_write_text(path, ''.join(f'{h}  {f}\n' for f, h in table_digests(self.report_dir).items()))
+            text = ''.join(f'{h}  {f}\n' for f, h in table_digests(self.report_dir).items())
+            if not path.exists() or path.read_text() != text: atomic_write_text(path, text)   # unchanged: not rewritten
         elif path.exists():
             path.unlink(); print(f"{path} removed: this run computed calls; replay once more with --record to write it")
 

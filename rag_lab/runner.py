@@ -4,10 +4,11 @@
 
 # %% ../nbs/08_runner.ipynb #2faae32f
 from __future__ import annotations
-import argparse, fcntl, html, json, os, shutil, sys, tempfile, threading, time
+import argparse, fcntl, html, json, math, os, shutil, sys, tempfile, threading, time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 from . import __version__
 from dataclasses import replace
 from .config import PROFILES, RunContext, parse_param, check_params, repo_root, out_root, run_context, scratch_root, atomic_write_text
@@ -17,10 +18,12 @@ from .report import write_index, scorecard_text
 import numpy as np, pandas as pd
 
 # %% auto #0
-__all__ = ['KERNEL_HASHSEED', 'RECORDED_PROFILES', 'FRESH_ESTIMATE', 'UsageError', 'notebook_parameters', 'plan_run',
-           'check_out_root', 'destination', 'output_lock', 'progress_line', 'run_notebook', 'longest_first',
-           'reproduce', 'site_command', 'records_table', 'nominal_seconds', 'fresh_seconds', 'estimate_fresh_compute',
-           'lanes_wall', 'save_fresh_estimate', 'records_command', 'list_command', 'params_command', 'main']
+__all__ = ['KERNEL_HASHSEED', 'STAGING_OWNER', 'LEGACY_STAGING_AGE', 'RECORDED_PROFILES', 'FRESH_ESTIMATE', 'RUN_META_KEYS',
+           'UsageError', 'notebook_parameters', 'plan_run', 'check_out_root', 'check_records_writable', 'destination',
+           'output_lock', 'clean_stale_staging', 'executed_copy', 'progress_line', 'run_notebook', 'fresh_estimate',
+           'longest_first', 'read_run_meta', 'published_problems', 'write_summaries', 'reproduce', 'site_command',
+           'records_table', 'nominal_seconds', 'fresh_seconds', 'estimate_fresh_compute', 'lanes_wall',
+           'save_fresh_estimate', 'records_command', 'list_command', 'params_command', 'main']
 
 # %% ../nbs/08_runner.ipynb #4fae61f3
 class UsageError(ValueError):
@@ -58,17 +61,20 @@ def plan_run(only: list[str] | None, # slugs to run; None = every paper notebook
     "Validate a request; return {slug: parameters} for the notebooks to run, or raise `UsageError`."
     slugs = _selected(only, nbs_dir)
     plan = {s: {} for s in slugs}
+    given: dict[tuple[str, str], tuple[str, str]] = {}   # (scope, name) -> (item, value); scope '' = every selected paper
     for item in params:
         if '=' not in item: raise UsageError(f"parameter {item!r} is not of the form name=value")
         name, value = item.split('=', 1)
         if name.rsplit('.', 1)[-1] == 'profile':
             raise UsageError(f"parameter {item!r}: choose the profile with --profile, not -p (one way, no conflict)")
-        targets = slugs
+        scope = ''
         if '.' in name:
-            slug, name = name.split('.', 1)
-            if slug not in plan: raise UsageError(f"parameter {item!r} names paper {slug!r}, which is not selected")
-            targets = [slug]
-        for s in targets:
+            scope, name = name.split('.', 1)
+            if scope not in plan: raise UsageError(f"parameter {item!r} names paper {scope!r}, which is not selected")
+        first, v = given.setdefault((scope, name), (item, value))
+        if v != value: raise UsageError(f"parameter {name!r} given twice{f' for {scope}' if scope else ''}: {first!r} and {item!r}; give it once")
+    for (scope, name), (item, value) in given.items():
+        for s in [scope] if scope else [s for s in slugs if (s, name) not in given]:   # slug.name wins, whatever the order
             try: plan[s][name] = parse_param(s, name, value)
             except ValueError as e: raise UsageError(str(e)) from None
     for s in slugs:
@@ -92,6 +98,20 @@ def check_out_root(out: str | Path | None, # --out, or None for the repository
         with tempfile.NamedTemporaryFile(dir=root, prefix='.rag-lab-write-test-'): pass
     except OSError as e: raise UsageError(f"--out {root} is not writable: {e.strerror or e}") from None
     return root
+
+# %% ../nbs/08_runner.ipynb #cd67faa4
+def check_records_writable(slugs: list[str], # the chapters of a run that records its LLM calls
+                           profile: str, # their folders: records/<slug>/<profile>
+                          ) -> None:
+    "Refuse a recording run whose records folders cannot be written, before any work (else it fails at its last cell)."
+    from rag_lab.calls import call_records
+    for slug in slugs:
+        folder = near = call_records().folder(slug, profile)
+        while not near.exists() and near != near.parent: near = near.parent   # the folder, or the ancestor that will hold it
+        why = (f"cannot be created: {near} is a file" if not near.is_dir() else
+               f"cannot be written: {near} is read-only" if not os.access(near, os.W_OK | os.X_OK) else None)
+        if why: raise UsageError(f"this run records its LLM calls into {folder}, which {why}; make it writable, point "
+                                 f"RAG_LAB_RECORDS_DIR at a folder that is, or run with --out DIR and without --record")
 
 # %% ../nbs/08_runner.ipynb #a3e5b2f5
 def destination(profile: str, # the run's profile
@@ -137,6 +157,47 @@ def _replace_dir(src: Path, dest: Path) -> None:
 
 KERNEL_HASHSEED = '0'  # string hashing in notebook kernels: fixed, so no run differs from another by set order
 
+# %% ../nbs/08_runner.ipynb #7340e2c5
+STAGING_OWNER = '.owner'   # in a staging folder: its run's pid, the file held locked (flock) while that run lives
+
+def _new_staging(out: Path, # the output root
+                 slug: str, # the chapter, part of the folder's name
+                ) -> tuple[Path, IO]: # the folder, and its owner file: keep it open while the run lives
+    "A staging folder of one run's own under `out`, with an owner file it holds locked (the lock ends with its process)."
+    staging = Path(tempfile.mkdtemp(prefix=f'.staging-{slug}-', dir=out))   # one per run: concurrent runs never share it
+    owner = open(staging / STAGING_OWNER, 'w')
+    fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    owner.write(f'{os.getpid()}\n'); owner.flush()
+    return staging, owner
+
+# %% ../nbs/08_runner.ipynb #4cf01a17
+LEGACY_STAGING_AGE = 86400.0   # seconds: a staging folder without an owner file (older runners) is stale after a day unchanged
+
+def clean_stale_staging(root: Path, # an output root (the runner holds its lock)
+                       ) -> list[Path]: # the folders removed
+    "Remove the staging folders of runs that are gone (owner file not locked; without one, unchanged for a day); never a live run's."
+    removed = []
+    for d in sorted(p for p in root.glob('.staging-*') if p.is_dir()):
+        owner = d / STAGING_OWNER
+        try:
+            if owner.exists():
+                with open(owner) as f:
+                    try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError: continue   # its run holds the lock: alive
+                    shutil.rmtree(d, ignore_errors=True)
+            elif time.time() - d.stat().st_mtime > LEGACY_STAGING_AGE: shutil.rmtree(d, ignore_errors=True)
+        except OSError: continue   # vanished or unreadable: not ours to judge
+        if not d.exists(): removed.append(d)
+    return removed
+
+# %% ../nbs/08_runner.ipynb #21d3cc80
+def executed_copy(root: Path, # the output root
+                  slug: str, # the chapter
+                  ok: bool = True, # the published copy (its run succeeded); False: the last failed run's
+                 ) -> Path:
+    "Where a chapter's executed notebook goes: `reports/executed/` beside the tables it made; a failed run's to `failed/` below it."
+    return root / 'reports' / 'executed' / ('' if ok else 'failed') / CHAPTERS[slug].notebook
+
 # %% ../nbs/08_runner.ipynb #7aab0539
 def _env_engine():
     "A papermill engine that starts the kernel with an explicit environment (`kernel_env=`), registered as 'rag_lab'."
@@ -181,12 +242,12 @@ def run_notebook(slug: str, # paper slug
                  progress: bool = True, # print each LLM stage's progress (done/total, ETA) while the notebook runs
                  env: dict[str, str] | None = None, # the kernel's run state (`RunContext.as_env()`: records mode, recording, threads)
                 ) -> str:
-    "Execute one paper notebook in its own staging folder; publish its outputs only if it succeeds. Returns 'ok' or the error."
+    "Execute one paper notebook in its own staging folder; publish its outputs and executed copy only if it succeeds. Returns 'ok' or the error."
     import papermill as pm
     nb = CHAPTERS[slug].notebook
-    staging = Path(tempfile.mkdtemp(prefix=f'.staging-{slug}-', dir=out))  # one per run: concurrent runs never share it
-    executed = out / 'reports' / 'executed' / nb
-    executed.parent.mkdir(parents=True, exist_ok=True)
+    staging, owner = _new_staging(out, slug)
+    executed = staging / 'executed' / nb   # staged like the tables: published with them or not at all
+    executed.parent.mkdir()
     prog, stop = staging / 'progress.json', threading.Event()
     inherited = {k: v for k, v in os.environ.items() if k not in RunContext.ENV.values()}   # the run state comes from `env` only
     kenv = {**inherited, 'PYTHONHASHSEED': KERNEL_HASHSEED, 'RAG_LAB_RESULTS_ROOT': str(out), **(env or {}),   # chapters that read others' outputs read them here
@@ -203,10 +264,16 @@ def run_notebook(slug: str, # paper slug
         status = f"failed: {type(e).__name__}: {e}"
     finally:
         stop.set()
-    if status == 'ok':
-        for kind in ('reports', 'figures'):
-            if (staging / kind / slug).exists(): _replace_dir(staging / kind / slug, out / kind / slug)
-    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        if status == 'ok':
+            for kind in ('reports', 'figures'):
+                if (staging / kind / slug).exists(): _replace_dir(staging / kind / slug, out / kind / slug)
+        if executed.exists():
+            dest = executed_copy(out, slug, status == 'ok')
+            dest.parent.mkdir(parents=True, exist_ok=True); executed.replace(dest)
+        if status == 'ok': executed_copy(out, slug, ok=False).unlink(missing_ok=True)   # an earlier failure's copy is stale now
+    finally:
+        shutil.rmtree(staging, ignore_errors=True); owner.close()
     return status
 
 # %% ../nbs/08_runner.ipynb #ccec4ffb
@@ -220,7 +287,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument('--profile', default='default', help=f"one of {', '.join(PROFILES)} (default: default)")
     r.add_argument('--only', nargs='+', metavar='SLUG', help=f"notebooks to run: {', '.join(CHAPTERS)}")
     r.add_argument('-p', '--param', action='append', default=[], metavar='NAME=VALUE',
-                   help='notebook parameter (name=value for all selected, slug.name=value for one)')
+                   help='notebook parameter: name=value for every selected paper, slug.name=value for one; '
+                   'slug.name=value wins over name=value whatever their order, and one name given twice with different '
+                   'values is refused. Numbers strictly: an integer parameter takes 3, not 3.0 or true; a float one 0.5 or 1')
     r.add_argument('--out', help='write reports/ and figures/ under this folder (default: the repository for the '
                    'default profile without -p, else a new scratch folder runs/<date>-<time>-<profile>/)')
     r.add_argument('--publish', action='store_true', help='write into the repository\'s reports/ and figures/ even '
@@ -249,9 +318,20 @@ def _parser() -> argparse.ArgumentParser:
                     '`reproduce --jobs N` then starts the longest-estimated chapters first')
     return ap
 
-# %% ../nbs/08_runner.ipynb #bd09b6d7
+# %% ../nbs/08_runner.ipynb #d3077800
 FRESH_ESTIMATE = 'fresh_estimate.json'   # beside a chapter's records: its measured fresh compute (`rag-lab records budget --save`)
 
+def fresh_estimate(folder: Path, # a chapter's records folder, records/<slug>/<profile>
+                  ) -> float | None: # its measured fresh compute in hours; None when it has no estimate
+    "The fresh compute `rag-lab records budget --save` wrote beside a chapter's records; a `UsageError` naming the file if unreadable."
+    path = folder / FRESH_ESTIMATE
+    if not path.exists(): return None
+    try: hours, why = json.loads(path.read_text())['fresh_hours'], 'fresh_hours is not a number of hours >= 0'
+    except (OSError, ValueError, KeyError, TypeError) as e: hours, why = None, f"{type(e).__name__}: {e}"
+    if isinstance(hours, (int, float)) and not isinstance(hours, bool) and math.isfinite(hours) and hours >= 0: return float(hours)
+    raise UsageError(f"{path} is unreadable ({why}); write it again with `rag-lab records budget --save`, or delete it")
+
+# %% ../nbs/08_runner.ipynb #bd09b6d7
 def longest_first(slugs: list[str], # chapters that may run side by side
                   profile: str, # whose records to weigh them by
                  ) -> list[str]: # the same slugs, most recorded compute first (equal ones keep their order)
@@ -259,8 +339,7 @@ def longest_first(slugs: list[str], # chapters that may run side by side
     from rag_lab.calls import call_records
     recs = call_records()
     def seconds(s: str) -> float:
-        est = recs.folder(s, profile) / FRESH_ESTIMATE
-        if est.exists(): return 3600 * json.loads(est.read_text())['fresh_hours']
+        if (hours := fresh_estimate(recs.folder(s, profile))) is not None: return 3600 * hours
         return sum(r['value'].get('seconds') or 0 for r in recs.read_folder(s, profile).values())
     return sorted(slugs, key=lambda s: -seconds(s))
 
@@ -290,6 +369,44 @@ def _run_all(plan: dict[str, dict], profile: str, nbs_dir: Path, root: Path, pro
     status |= dict(map(one, [(numbered[s], (s, plan[s])) for s in last]))
     return {s: status[s] for s in plan}
 
+# %% ../nbs/08_runner.ipynb #8227c37c
+RUN_META_KEYS = ('profile', 'git_commit', 'started', 'params')   # what the index and `rag-lab list` read of a run record
+
+def read_run_meta(path: Path, # reports/<slug>/run_meta.json
+                 ) -> dict:
+    "A chapter's published run record; a ValueError naming the file when it is not a JSON object with the keys the index reads."
+    try: meta = json.loads(path.read_text())
+    except (OSError, ValueError) as e: raise ValueError(f"{path} is unreadable ({type(e).__name__}: {e}); restore it or rerun its chapter") from None
+    if not isinstance(meta, dict): raise ValueError(f"{path} is not a run record (not a JSON object); restore it or rerun its chapter")
+    missing = [k for k in RUN_META_KEYS if k not in meta]
+    if missing: raise ValueError(f"{path} is not a run record (no {', '.join(missing)}); restore it or rerun its chapter")
+    return meta
+
+# %% ../nbs/08_runner.ipynb #8238566d
+def published_problems(root: Path, # an output root
+                      ) -> list[str]: # one line per file the index and scorecard cannot use
+    "The published run records that stop the index and scorecard: unreadable ones, and strays without result tables beside them."
+    out = []
+    for slug in CHAPTERS:
+        meta = root / 'reports' / slug / 'run_meta.json'
+        if not meta.exists(): continue
+        try: read_run_meta(meta)
+        except ValueError as e: out.append(str(e)); continue
+        if not any(not p.name.startswith('items_') for p in meta.parent.glob('*.csv')):
+            out.append(f"{meta} has no result tables beside it (a stray file? remove it, or rerun {slug})")
+    return out
+
+# %% ../nbs/08_runner.ipynb #b6fedb61
+def write_summaries(root: Path, # the run's output root
+                    status: dict[str, str], # slug -> 'ok' or its error
+                   ) -> tuple[str, str]: # (the index's path or 'not written', the scorecard text)
+    "Write `reports/index.md` and the scorecard; a published file they cannot read is one warning naming it, never a traceback."
+    try: return str(write_index(root, status)), scorecard_text(root)
+    except Exception as e:   # the chapters' outputs are published already: a summary of them must not fail the run
+        why = '; '.join(published_problems(root)) or f'{type(e).__name__}: {e}'
+        print(f"rag-lab: warning: {root / 'reports' / 'index.md'} and the scorecard not written: {why}", file=sys.stderr)
+        return 'not written', ''
+
 # %% ../nbs/08_runner.ipynb #a062fdf8
 def reproduce(profile: str = 'default', only: list[str] | None = None, params: list[str] = (),
               out: str | None = None, notebooks: str | None = None, progress: bool = True,
@@ -304,25 +421,31 @@ def reproduce(profile: str = 'default', only: list[str] | None = None, params: l
         plan = plan_run(only, list(params), nbs_dir, profile)
         if record and profile not in RECORDED_PROFILES: raise UsageError(f"--record is for the {' and '.join(RECORDED_PROFILES)} profiles")
         dest, published = destination(profile, list(params), out, publish, notebooks)
+        run = replace(ctx, records_mode='fresh' if fresh else ctx.records_mode,
+                      record=record or (profile in RECORDED_PROFILES and published and not params))
+        if run.record: check_records_writable(list(plan), profile)
+        if jobs > 1:   # the lanes' order reads each chapter's fresh estimate: a corrupt one is refused now, not mid-run
+            from rag_lab.calls import call_records
+            for s in plan: fresh_estimate(call_records().folder(s, profile))
         root = check_out_root(dest)
         lock = output_lock(root, wait); lock.__enter__()
     except UsageError as e:
         print(f"rag-lab: error: {e}", file=sys.stderr); return 2
     print(f"writing to {root}" + (" (the published results)" if published else
                                   " (scratch: the committed results in reports/ and figures/ are untouched)"), flush=True)
-    env = replace(ctx, records_mode='fresh' if fresh else ctx.records_mode,
-                  record=record or (profile in RECORDED_PROFILES and published and not params)).as_env()
     try:
+        for d in clean_stale_staging(root): print(f"removed {d.name}: the staging folder of a run that ended without cleaning up", flush=True)
         t0 = time.time()
-        status = _run_all(plan, profile, nbs_dir, root, progress, env, jobs)
-        idx = write_index(root, status)
+        status = _run_all(plan, profile, nbs_dir, root, progress, run.as_env(), jobs)
+        idx, card = write_summaries(root, status)
     finally:
         lock.__exit__(None, None, None)
     failed = {s: m for s, m in status.items() if m != 'ok'}
-    print(f"\n{scorecard_text(root)}\n{len(status) - len(failed)} notebook(s) succeeded, {len(failed)} failed in "
+    print(f"\n{card}\n{len(status) - len(failed)} notebook(s) succeeded, {len(failed)} failed in "
           f"{time.time() - t0:.0f} s; index: {idx}")
     for s, m in failed.items():
-        print(f"  {s}: {m}\n    executed copy: {root / 'reports' / 'executed' / CHAPTERS[s].notebook}", file=sys.stderr)
+        copy = executed_copy(root, s, ok=False)
+        print(f"  {s}: {m}" + (f"\n    executed copy: {copy}" if copy.exists() else ''), file=sys.stderr)
     return 1 if failed else 0
 
 # %% ../nbs/08_runner.ipynb #b5694b55
@@ -492,18 +615,21 @@ def records_command(action: str, sample: int = 20, seed: int = 0,
 # %% ../nbs/08_runner.ipynb #69a331a7
 def list_command(root: Path | None = None, # output root (default: the repository, i.e. the published results)
                 ) -> int:
-    "Print every chapter: notebooks, module, and its last published run's tables, figures, profile and time."
-    root = out_root(root)
+    "Print every chapter: notebooks, module, and its last published run's tables, figures, profile and time (1 if a run record is unreadable)."
+    root, bad = out_root(root), []
     for slug, p in CHAPTERS.items():
         print(f"{slug}: {p.title}\n  notebooks: {', '.join((p.notebook, *p.method))}; module: {p.module}")
         meta_p = root / 'reports' / slug / 'run_meta.json'
         if not meta_p.exists(): print('  last published run: none'); continue
-        m = json.loads(meta_p.read_text())
+        try: m = read_run_meta(meta_p)
+        except ValueError as e:   # one bad file: named at the end, the other chapters still listed
+            print('  last published run: unreadable (see the error below)'); bad.append(str(e)); continue
         tables = sorted(c.stem for c in (root / 'reports' / slug).glob('*.csv'))
         figs = sorted(f.stem for f in (root / 'figures' / slug).glob('*.png'))
         print(f"  last published run: profile {m.get('profile')}, started {m.get('started')}, wall {m.get('wall_seconds')} s, "
               f"commit {m.get('git_commit')}\n  tables ({len(tables)}): {', '.join(tables)}\n  figures ({len(figs)}): {', '.join(figs) or '-'}")
-    return 0
+    for e in bad: print(f"rag-lab: error: {e}", file=sys.stderr)
+    return 1 if bad else 0
 
 # %% ../nbs/08_runner.ipynb #2af9239d
 def params_command(slug: str) -> int:
@@ -523,12 +649,15 @@ def params_command(slug: str) -> int:
 
 # %% ../nbs/08_runner.ipynb #349f11e7
 def main(argv: list[str] | None = None) -> int:
-    "Entry point of the `rag-lab` command."
+    "Entry point of the `rag-lab` command; a `UsageError` from any command is one line and exit code 2."
     a = _parser().parse_args(argv)
-    if a.cmd == 'reproduce':
-        return reproduce(a.profile, a.only, a.param, a.out, a.notebooks, not a.no_progress, a.fresh, a.record, a.wait,
-                         a.publish, a.jobs)
-    if a.cmd == 'records': return records_command(a.action, a.sample, a.seed, a.cache, a.profile, a.save)
-    if a.cmd == 'list': return list_command()
-    if a.cmd == 'params': return params_command(a.slug)
-    return site_command(a.out)
+    try:
+        if a.cmd == 'reproduce':
+            return reproduce(a.profile, a.only, a.param, a.out, a.notebooks, not a.no_progress, a.fresh, a.record, a.wait,
+                             a.publish, a.jobs)
+        if a.cmd == 'records': return records_command(a.action, a.sample, a.seed, a.cache, a.profile, a.save)
+        if a.cmd == 'list': return list_command()
+        if a.cmd == 'params': return params_command(a.slug)
+        return site_command(a.out)
+    except UsageError as e:
+        print(f"rag-lab: error: {e}", file=sys.stderr); return 2
