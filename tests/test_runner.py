@@ -65,7 +65,8 @@ def test_failing_notebook_keeps_previous_outputs_and_exits_1(tmp_path):
     assert 'FAILED reason_verify' in bad.stdout and 'boom in analysis' in bad.stdout + bad.stderr
     assert table.read_text() == before
     assert 'failed in cell' in (out / 'reports' / 'index.md').read_text()
-    assert (out / 'reports' / 'executed' / '10_reason_verify.ipynb').exists()   # the executed copy shows the error
+    assert (out / 'reports' / 'executed' / 'failed' / '10_reason_verify.ipynb').exists()   # the failed run's executed copy shows the error
+    assert (out / 'reports' / 'executed' / '10_reason_verify.ipynb').exists()   # beside the published one, which stays
     assert not (nbs / 'reports').exists() and sorted(p.name for p in nbs.iterdir()) == ['10_reason_verify.ipynb']
 
 @pytest.mark.parametrize('slug', [s for s, p in CHAPTERS.items() if (REPO / 'nbs' / p.notebook).exists()])
