@@ -4,7 +4,7 @@
 
 # %% ../nbs/04b_calls.ipynb #821aa04f
 from __future__ import annotations
-import gzip, hashlib, io, json, os, sqlite3, threading, time
+import errno, gzip, hashlib, io, json, os, sqlite3, threading, time, warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal, Sequence
 import pandas as pd
 from fastcore.basics import patch
-from .config import atomic_write_bytes, atomic_write_text, cache_dir, repo_root, run_context
+from .config import _env_path, atomic_write_bytes, atomic_write_text, cache_dir, repo_root, run_context
 
 # %% auto #0
 __all__ = ['CacheMode', 'SHARD_LIMIT', 'RecordsMode', 'LOGPROB_TOL', 'API_PRICES_USD_PER_1M', 'LEDGER', 'CacheError', 'LLMCache',
@@ -28,7 +28,26 @@ def _canonical(obj: Any) -> str: return json.dumps(obj, sort_keys=True, ensure_a
 def _digest(text: str) -> str: return hashlib.sha256(text.encode()).hexdigest()
 
 class CacheError(RuntimeError):
-    "The call cache's database file is unreadable (corrupt, or not a cache)."
+    "The call cache cannot be used: its file is damaged (corrupt, or not a cache), or it cannot be opened or written."
+
+# %% ../nbs/04b_calls.ipynb #f4acb0f6
+_DAMAGED = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)   # the only failures that say the file itself is bad
+
+def _cache_error(path: Path, # the cache's database file
+                 e: OSError | sqlite3.DatabaseError, # what making its folder, opening, reading or writing it raised
+                ) -> CacheError:
+    "The error to raise: a damaged file may be deleted; a healthy one that cannot be written (read-only, disk full) must not."
+    code, no = (getattr(e, 'sqlite_errorcode', None) or 0) & 0xff, getattr(e, 'errno', None)  # primary SQLite code; OS errno
+    if code in _DAMAGED:
+        return CacheError(f"The LLM call cache {path} is unreadable ({e}). Delete it (and its -wal/-shm files) to start an "
+                          f"empty cache, or point RAG_LAB_CACHE elsewhere; committed records are not affected.")
+    if code == sqlite3.SQLITE_FULL or no in (errno.ENOSPC, errno.EDQUOT): why = 'the disk is full'
+    elif code in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM, sqlite3.SQLITE_CANTOPEN) or no in (errno.EROFS, errno.EACCES, errno.EPERM):
+        why = 'the file or its folder is read-only (or not accessible)'
+    else: why = 'its folder cannot be made or written'
+    return CacheError(f"The LLM call cache {path} cannot be opened or written ({e}): {why}. The cache is not damaged: do not "
+                      f"delete it. Free some disk space or make {path.parent} writable, point RAG_LAB_CACHE at a writable "
+                      f"folder, or run with RAG_LAB_LLM_CACHE=off (calls the committed records hold replay without any cache).")
 
 # %% ../nbs/04b_calls.ipynb #9954f470
 class LLMCache:
@@ -36,15 +55,11 @@ class LLMCache:
     def __init__(self, path: Path | str | None = None, # the database file (default: cache_dir('llm')/calls.sqlite)
                  mode: CacheMode | None = None, # default: $RAG_LAB_LLM_CACHE or 'on'
                 ):
-        self.path = Path(path) if path else cache_dir('llm') / 'calls.sqlite'
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # nothing is opened here: a run that never reads or writes the cache (a replay) never needs its folder
+        self.path = Path(path) if path else _default_cache_path()
         self.mode = self._check_mode(mode or run_context().llm_cache)
         self.hits = self.misses = self.writes = self.rejected = 0
         self._local, self._lock = threading.local(), threading.Lock()
-        self._sql("CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, kind TEXT, backend TEXT, model TEXT, "
-                  "value TEXT NOT NULL, created REAL, checksum TEXT)")
-        cols = [r[1] for r in self._sql('PRAGMA table_info(calls)').fetchall()]
-        if 'checksum' not in cols: self._sql('ALTER TABLE calls ADD COLUMN checksum TEXT')  # older caches: rows unverified
 
     @staticmethod
     def _check_mode(mode: str) -> str:
@@ -52,21 +67,29 @@ class LLMCache:
         return mode
 
     def _conn(self) -> sqlite3.Connection:
+        "This thread's connection, opened (folder, file and table made) on first use."
         c = getattr(self._local, 'conn', None)
         if c is None or self._local.pid != os.getpid():  # a connection must not cross a fork
-            c = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
-            c.execute('PRAGMA journal_mode=WAL'); c.execute('PRAGMA synchronous=NORMAL')
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                c = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
+                c.execute('PRAGMA journal_mode=WAL'); c.execute('PRAGMA synchronous=NORMAL')
+                cols = [r[1] for r in c.execute('PRAGMA table_info(calls)').fetchall()]   # a read: a full disk still opens
+                if not cols: c.execute("CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, kind TEXT, backend TEXT, "
+                                       "model TEXT, value TEXT NOT NULL, created REAL, checksum TEXT)")
+                elif 'checksum' not in cols: c.execute('ALTER TABLE calls ADD COLUMN checksum TEXT')  # older caches: rows unverified
+            except (OSError, sqlite3.DatabaseError) as e:
+                if isinstance(e, sqlite3.OperationalError) and 'locked' in str(e): raise
+                raise _cache_error(self.path, e) from None
             self._local.conn, self._local.pid = c, os.getpid()
         return c
 
     def _sql(self, query: str, args: tuple = ()) -> sqlite3.Cursor:
-        "Run one statement; a damaged file becomes a `CacheError` that names it and says how to reset it."
+        "Run one statement; a failure becomes a `CacheError` that names the file and says what to do (see `_cache_error`)."
         try: return self._conn().execute(query, args)
         except sqlite3.DatabaseError as e:
             if isinstance(e, sqlite3.OperationalError) and 'locked' in str(e): raise
-            raise CacheError(f"The LLM call cache {self.path} is unreadable ({e}). Delete it (and its -wal/-shm files) "
-                             f"to start an empty cache, or point RAG_LAB_CACHE elsewhere; committed records are not "
-                             f"affected.") from None
+            raise _cache_error(self.path, e) from None
 
     @staticmethod
     def key(**parts) -> str:
@@ -107,12 +130,16 @@ def stats(self: LLMCache) -> dict:
                 hit_rate=round(self.hits / n, 3) if n else None)
 
 # %% ../nbs/04b_calls.ipynb #5d47f2c5
+def _default_cache_path() -> Path:
+    "`cache_dir('llm')/calls.sqlite`, without making the folder: the cache makes it when it is first used."
+    return _env_path('RAG_LAB_CACHE', repo_root() / '.cache') / 'llm' / 'calls.sqlite'
+
 @lru_cache(maxsize=None)
 def _cache_at(path: str) -> LLMCache: return LLMCache(path)
 
 def _default_cache() -> LLMCache:
     "One shared cache object per database path (so the statistics add up across backends)."
-    c = _cache_at(str(cache_dir('llm') / 'calls.sqlite'))
+    c = _cache_at(str(_default_cache_path()))
     c.mode = run_context().llm_cache
     return c
 
@@ -120,7 +147,7 @@ def _default_cache() -> LLMCache:
 SHARD_LIMIT = 2_000_000   # bytes per compressed record file
 
 class RecordsError(RuntimeError):
-    "A record file cannot be read."
+    "A record file cannot be read, or the records cannot tell a call's result (a bad line, two results for one call)."
 
 def _gz_lines(lines: Sequence[str]) -> bytes:
     "Gzip text lines with no timestamp or file name in the header, so equal content gives equal bytes."
@@ -135,13 +162,36 @@ def _read_gz_lines(path: Path) -> list[str]:
         raise RecordsError(f"Record file {path} is unreadable ({e}). Restore it (`git checkout -- {path}`) or delete "
                            f"it: its calls will then be computed again.") from None
 
+# %% ../nbs/04b_calls.ipynb #80449b1a
+def _records_in(path: Path) -> Iterator[tuple[str, dict | None, str]]:
+    "(place, record, '') for each line of a record file; (place, None, the error message) for a line that is no record."
+    for n, line in enumerate(_read_gz_lines(path), 1):
+        place, r, what = f'{path}, line {n}', None, ''
+        if not line.strip(): what = 'a blank line'
+        else:
+            try: r = json.loads(line)
+            except (ValueError, RecursionError) as e: r, what = None, f'not JSON ({e})'
+            else:
+                if not isinstance(r, dict): r, what = None, f'JSON of type {type(r).__name__}, not an object'
+                elif not isinstance(r.get('key'), str): r, what = None, 'an object without a "key"'
+        yield place, r, what and (f"Record file {place} is {what}: a record file holds one JSON object per line. Restore "
+                                  f"the file (`git checkout -- {path}`), or delete that line: the call it held is then "
+                                  f"computed again.")
+
+def _conflict(key: str, places: list[str]) -> str:
+    "The error message for a call recorded with different results."
+    return (f"Call {key[:16]} is recorded with different results at {' and at '.join(places)}: which one to replay "
+            f"cannot be told. Delete all but one of these lines (or all of them: the call is then computed again).")
+
 # %% ../nbs/04b_calls.ipynb #6c5195b4
 class CallRecords:
     "Committed records of LLM calls under `<root>/<slug>/<profile>/`, replayed instead of recomputed."
     def __init__(self, root: Path | str): # the records folder, one sub-folder per paper slug
         self.root = Path(root)
         self._index: dict[str, dict] | None = None
-        self.tampered: set[str] = set()   # keys of lines that failed their checksum
+        self.tampered: set[str] = set()   # keys of lines not replayed: a failed checksum, or a result that does not answer its request
+        self.unreadable: list[str] = []   # an error message per line (or file) that is no record: it may hold any call
+        self._conflicts: dict[str, str] = {}   # key -> error message, for calls recorded with different results
         self._lock = threading.RLock()
 
     @staticmethod
@@ -149,46 +199,86 @@ class CallRecords:
         "The line's key is the hash of its request and its checksum matches its result."
         return rec.get('key') == _digest(_canonical(rec.get('request'))) and rec.get('sha256') == _digest(_canonical(rec.get('value')))
 
+    @staticmethod
+    def answers(rec: dict) -> bool:
+        "The result fits its request: a choice has the options asked, in order, each with a log-probability and a token "
+        "count; a score one log-probability per token; a chat a text."
+        req, v = rec.get('request'), rec.get('value')
+        if not isinstance(req, dict) or not isinstance(v, dict): return False
+        nums = lambda xs, n: (isinstance(xs, list) and len(xs) == n
+                              and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x == x for x in xs))
+        if req.get('kind') == 'choice':
+            opts = req.get('options')
+            return isinstance(opts, list) and v.get('options') == opts and nums(v.get('logprobs'), len(opts)) and nums(v.get('n_tokens'), len(opts))
+        if req.get('kind') == 'score': return isinstance(v.get('tokens'), list) and nums(v.get('logprobs'), len(v['tokens'])) and bool(v['tokens'])
+        if req.get('kind') == 'chat': return isinstance(v.get('text'), str)
+        return True
+
+    def _scan(self, files: Iterable[Path]) -> tuple[dict[str, dict], dict[str, dict], set[str], dict[str, str], list[str]]:
+        "Read record files: replayable records by key, the others by key, keys with a line not replayed, conflicts, bad lines."
+        good, other, places, bad = {}, {}, {}, []
+        for f in files:
+            try: lines = list(_records_in(f))
+            except RecordsError as e: bad.append(str(e)); continue
+            for place, r, error in lines:
+                if r is None: bad.append(error); continue
+                ok = self.intact(r) and self.answers(r)
+                (good if ok else other).setdefault(r['key'], r)
+                places.setdefault(r['key'], []).append((place, r['sha256'] if ok else None))
+        conflicts = {k: _conflict(k, [p for p, s in ps if s]) for k, ps in places.items() if len({s for _, s in ps if s}) > 1}
+        return good, other, {k for k, ps in places.items() if any(s is None for _, s in ps)}, conflicts, bad
+
     def _load(self) -> dict[str, dict]:
         with self._lock:
             if self._index is None:
-                idx = {}
-                for f in sorted(self.root.glob('*/*/calls-*.jsonl.gz')):
-                    for line in _read_gz_lines(f):
-                        r = json.loads(line)
-                        if self.intact(r): idx[r['key']] = r
-                        else: self.tampered.add(str(r.get('key')))
-                self._index = idx
+                good, _, not_replayed, self._conflicts, self.unreadable = self._scan(sorted(self.root.glob('*/*/calls-*.jsonl.gz')))
+                self.tampered |= not_replayed
+                self._index = {k: r for k, r in good.items() if k not in self._conflicts}
+                if self.unreadable:   # calls recorded elsewhere replay; a call not found stops the run (`get`)
+                    warnings.warn(f"{len(self.unreadable)} line(s) of the records under {self.root} cannot be read; a call "
+                                  f"not found in the others will stop the run. {self.unreadable[0]}", stacklevel=3)
             return self._index
 
     def get(self, key: str) -> dict | None:
-        "The recorded result of call `key`, or None (not recorded, or its line failed its checksum)."
-        r = self._load().get(key)
-        return None if r is None else r['value']
+        "The recorded result of call `key`, or None (not recorded, or its line is not replayable). A `RecordsError` when "
+        "the records cannot tell: the call is recorded with different results, or is not found while a line is unreadable."
+        idx = self._load()
+        if key in self._conflicts: raise RecordsError(self._conflicts[key])
+        if (r := idx.get(key)) is not None: return r['value']
+        if self.unreadable:   # the call may be on that line: computing it again silently could hide the damage
+            raise RecordsError(f"Call {key[:16]} is not in the readable records under {self.root}, and a line that cannot "
+                               f"be read may hold it. {self.unreadable[0]}"
+                               + (f" ({len(self.unreadable) - 1} more such line(s).)" if len(self.unreadable) > 1 else ''))
+        return None
 
     def lookup(self, prefix: str) -> dict:
         "The record whose key starts with `prefix` (as the `calls` column of an items file shows it); a KeyError if none or several."
-        hits = [k for k in self._load() if k.startswith(prefix)] if len(prefix) >= 8 else []
-        if len(hits) != 1: raise KeyError(f"{len(hits)} records match the key prefix {prefix!r} under {self.root} (give at least 8 hex digits)")
-        return self._load()[hits[0]]
+        idx = self._load()
+        hits = [k for k in (*idx, *self._conflicts) if k.startswith(prefix)] if len(prefix) >= 8 else []
+        if len(hits) == 1: self.get(hits[0]); return idx[hits[0]]   # (`get` refuses a call with two results)
+        if not hits and self.unreadable and len(prefix) >= 8: self.get(prefix)
+        raise KeyError(f"{len(hits)} records match the key prefix {prefix!r} under {self.root} (give at least 8 hex digits)")
 
     def __len__(self) -> int: return len(self._load())
-    def __contains__(self, key: str) -> bool: return key in self._load()
+    def __contains__(self, key: str) -> bool: return self.get(key) is not None
 
     def folder(self, slug: str, profile: str) -> Path: return self.root / slug / profile
 
     def read_folder(self, slug: str, profile: str) -> dict[str, dict]:
-        "Every line of one folder by key, intact or not."
-        return {(r := json.loads(l))['key']: r for f in sorted(self.folder(slug, profile).glob('calls-*.jsonl.gz'))
-                for l in _read_gz_lines(f)}
+        "Every record of one folder by key, replayable or not (a replayable line first). A `RecordsError` for a line that "
+        "is no record or a call recorded with different results: rewriting the folder would drop one of them."
+        good, other, _, conflicts, bad = self._scan(sorted(self.folder(slug, profile).glob('calls-*.jsonl.gz')))
+        if bad: raise RecordsError(bad[0] + (f" ({len(bad) - 1} more such line(s).)" if len(bad) > 1 else ''))
+        if conflicts: raise RecordsError(next(iter(conflicts.values())))
+        return other | good
 
     def write(self, slug: str, profile: str, # the folder to write
               calls: dict[str, dict], # key -> {'request', 'value'}
               keep_only: set[str] | None = None, # drop the folder's other records (prune)
              ) -> int: # records now in the folder
-        "Merge `calls` into a folder (intact lines only), sorted, in as few shards as keep each under SHARD_LIMIT."
+        "Merge `calls` into a folder (replayable lines only), sorted, in as few shards as keep each under SHARD_LIMIT."
         with self._lock:
-            have = {k: r for k, r in self.read_folder(slug, profile).items() if self.intact(r)}
+            have = {k: r for k, r in self.read_folder(slug, profile).items() if self.intact(r) and self.answers(r)}
             for k, c in calls.items():
                 have[k] = dict(key=k, request=c['request'], value=c['value'], sha256=_digest(_canonical(c['value'])))
             if keep_only is not None: have = {k: r for k, r in have.items() if k in keep_only}
@@ -229,11 +319,17 @@ def call_records() -> CallRecords:
 
 LOGPROB_TOL = 0.15  # a recomputed log-probability (sum over an option's tokens) agrees with its record within this
 
+def _chosen(logprobs: Sequence[float]) -> int:
+    "The option a choice picks: the highest log-probability, the first of a tie (as `Choice.index`)."
+    return max(range(len(logprobs)), key=lambda i: (logprobs[i], -i))
+
 def same_result(kind: str, a: dict, b: dict) -> bool:
-    "Does a recomputed call agree with its record? Chat: same text; scores and choices: log-probabilities within LOGPROB_TOL."
+    "Does a recomputed call agree with its record? Chat: the same text; scores: log-probabilities within LOGPROB_TOL; "
+    "choices: that, and the same option chosen."
     if kind == 'chat': return a.get('text') == b.get('text')
     la, lb = a.get('logprobs', []), b.get('logprobs', [])
-    return len(la) == len(lb) and all(abs(x - y) <= LOGPROB_TOL for x, y in zip(la, lb))
+    close = len(la) == len(lb) and all(abs(x - y) <= LOGPROB_TOL for x, y in zip(la, lb))
+    return close and (kind != 'choice' or not la or _chosen(la) == _chosen(lb))
 
 # %% ../nbs/04b_calls.ipynb #3e95e876
 # USD per 1M (prompt, completion) tokens, OpenAI list prices as published in 2024-08; pass your own table to `cost`.

@@ -16,7 +16,7 @@ from .data import RateLimiter
 from .parsing import ParsedAnswer, extract_json
 from .models import EMBEDDED_MODELS, ModelError, checkpoint_fingerprint, embedded_model_path, verify_model_file
 from .calls import LEDGER, CacheMode, CallRecord, CallRecords, LLMCache, Ledger, call_records, records_mode, same_result
-from .calls import _default_cache, active_recorder
+from .calls import _chosen, _default_cache, active_recorder
 import numpy as np
 from fastcore.basics import patch
 
@@ -524,7 +524,7 @@ def _llm_for(request: dict, cache_dir_: Path) -> 'LLM | None':
 def verify_records(sample: int = 20, # records to recompute
                    seed: int = 0, # which random sample
                    records: CallRecords | None = None,
-                  ) -> pd.DataFrame: # one row per recomputed call: kind, agree, largest log-probability difference, seconds now and recorded
+                  ) -> pd.DataFrame: # one row per recomputed call: kind, agree, largest log-probability difference, seconds now and recorded, note
     "Recompute a random sample of recorded calls and compare each with its record (`same_result`); time each against its record."
     records = records if records is not None else call_records()
     keys = sorted(records._load())
@@ -543,9 +543,12 @@ def verify_records(sample: int = 20, # records to recompute
         elif req['kind'] == 'score': new = llm.score(req['context'], req['continuation'], cache='off').model_dump()
         else: new = llm.choose(req['context'], req['options'], prefix=req['prefix'], cache='off').model_dump()
         old = rec['value']
-        diff = max((abs(a - b) for a, b in zip(new.get('logprobs', []), old.get('logprobs', []))), default=0.0)
+        la, lb = new.get('logprobs', []), old.get('logprobs', [])
+        diff = max((abs(a - b) for a, b in zip(la, lb)), default=0.0) if len(la) == len(lb) else float('nan')
+        flipped = req['kind'] == 'choice' and len(la) == len(lb) > 0 and _chosen(la) != _chosen(lb)
         rows.append(dict(key=k[:12], kind=req['kind'], agree=same_result(req['kind'], new, old), max_abs_diff=diff,
-                         seconds=round(time.perf_counter() - t0, 2), recorded_seconds=old.get('seconds'), note=''))
+                         seconds=round(time.perf_counter() - t0, 2), recorded_seconds=old.get('seconds'),
+                         note=f"chooses {new['options'][_chosen(la)]!r}, its record {old['options'][_chosen(lb)]!r}" if flipped else ''))
     return pd.DataFrame(rows, columns=['key', 'kind', 'agree', 'max_abs_diff', 'seconds', 'recorded_seconds', 'note'])
 
 # %% ../nbs/04c_llm.ipynb #55f60c2a

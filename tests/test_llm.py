@@ -175,7 +175,7 @@ def test_altered_cache_row_is_detected_recomputed_and_counted(tmp_path):
 def test_corrupt_cache_file_is_one_clear_error_naming_it(tmp_path):
     bad = tmp_path / 'calls.sqlite'
     bad.write_bytes(os.urandom(8192))
-    with pytest.raises(Exception) as e: LLMCache(bad)
+    with pytest.raises(Exception) as e: len(LLMCache(bad))   # opened on first use (a replay never needs the cache)
     assert type(e.value).__name__ == 'CacheError' and str(bad) in str(e.value) and 'Delete it' in str(e.value)
 
 
