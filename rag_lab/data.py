@@ -4,7 +4,7 @@
 
 # %% ../nbs/02_data.ipynb #2f86fede
 from __future__ import annotations
-import ast, io, json, os, re, shutil, tarfile, tempfile, urllib.request, zipfile
+import ast, hashlib, io, json, os, re, shutil, stat, tarfile, tempfile, urllib.request, zipfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -20,12 +20,13 @@ import time
 
 # %% auto #0
 __all__ = ['REGISTRY', 'MIRAGE_DATASETS', 'MIRAGE_LLMS', 'MMLU_MED_SUBJECTS', 'CHECK_TAGS', 'BIOCORPUS_SOURCES', 'PUBMED_SIZE',
-           'DataError', 'DataFile', 'data_path', 'verify_all', 'load_pubmedqa', 'load_bioasq_yesno', 'load_mirage',
-           'load_mirage_predictions', 'nested_sample', 'load_medqa_raw', 'load_mmlu_med', 'load_scifact_corpus',
-           'load_scifact_claims', 'load_scifact_beir', 'load_mesh', 'load_healthver', 'load_covidfact',
-           'load_retraction_watch', 'scifact_corpus', 'RateLimiter', 'mesh_key', 'MeshVocabulary', 'mesh_vocabulary',
-           'MeshIndexer', 'mesh_prf', 'pubmedqa_abstract', 'evaluate_mesh_indexer', 'fitted_mesh_indexer',
-           'pubmedqa_documents', 'bioasq_documents', 'scifact_documents', 'biomedical_corpus', 'corpus_summary']
+           'DataError', 'DataFile', 'data_bytes', 'data_path', 'verify_all', 'load_pubmedqa', 'load_bioasq_yesno',
+           'load_mirage', 'load_mirage_predictions', 'nested_sample', 'load_medqa_raw', 'load_mmlu_med',
+           'load_scifact_corpus', 'load_scifact_claims', 'load_scifact_beir', 'load_mesh', 'load_healthver',
+           'load_covidfact', 'load_retraction_watch', 'scifact_corpus', 'RateLimiter', 'mesh_key', 'MeshVocabulary',
+           'mesh_vocabulary', 'MeshIndexer', 'mesh_prf', 'pubmedqa_abstract', 'evaluate_mesh_indexer',
+           'fitted_mesh_indexer', 'pubmedqa_documents', 'bioasq_documents', 'scifact_documents', 'biomedical_corpus',
+           'corpus_summary']
 
 # %% ../nbs/02_data.ipynb #b8b63cc6
 class DataError(RuntimeError):
@@ -95,22 +96,39 @@ REGISTRY: dict[str, DataFile] = {f.path: f for f in [
 ]}
 
 # %% ../nbs/02_data.ipynb #2d548670
-_verified: dict[tuple, str] = {}
-
 def _how_to_get(f: DataFile) -> str:
     where = f"download: {f.url}" + (f" (member {f.member})" if f.member else '') if f.url else "no direct download"
     return (f"Source: {f.source}; {where}. Point RAG_LAB_DATA at a mirror folder that holds {f.path} "
             f"(CI and tests use ../shared/data), or place the file under {data_root()}.")
 
-def _check(p: Path, f: DataFile) -> None:
-    st = p.stat(); key = (str(p), st.st_size, st.st_mtime_ns)
-    if _verified.get(key) == f.sha256: return
-    got = file_sha256(p)
+_FILE_KINDS = ((stat.S_ISDIR, 'a directory'), (stat.S_ISFIFO, 'a FIFO (named pipe)'), (stat.S_ISSOCK, 'a socket'),
+               (stat.S_ISCHR, 'a character device'), (stat.S_ISBLK, 'a block device'))
+
+def _not_regular(p: Path, mode: int, f: DataFile) -> DataError:
+    kind = next((k for is_kind, k in _FILE_KINDS if is_kind(mode)), 'a special file')
+    return DataError(f"{p} is {kind}, not a regular file: nothing was read. Put the file {f.path} itself there "
+                     f"(sha256 {f.sha256}). {_how_to_get(f)}")
+
+def _read_regular(p: Path, f: DataFile) -> bytes:
+    "Every byte of `p`, read once; anything but a regular file is a DataError naming it, decided before opening it."
+    try:
+        if not stat.S_ISREG(mode := os.stat(p).st_mode): raise _not_regular(p, mode, f)
+        # O_NONBLOCK: a FIFO swapped in after the check opens at once instead of waiting for a writer, and fstat refuses it
+        with open(os.open(p, os.O_RDONLY | getattr(os, 'O_NONBLOCK', 0)), 'rb') as fh:
+            if not stat.S_ISREG(mode := os.fstat(fh.fileno()).st_mode): raise _not_regular(p, mode, f)
+            return fh.read()
+    except OSError as e:
+        raise DataError(f"Cannot read data file {p} ({type(e).__name__}: {e}). {_how_to_get(f)}") from None
+
+def _checked_bytes(p: Path, f: DataFile, data: bytes) -> bytes:
+    "`data` (the bytes read from `p`) when their sha256 is the registry's; else the DataError saying so."
+    got = hashlib.sha256(data).hexdigest()
     if got != f.sha256:
         raise DataError(f"Checksum mismatch for {p}: expected sha256 {f.sha256}, got {got}. The file is corrupt or a "
                         f"different version; delete it and fetch it again. {_how_to_get(f)}")
-    _verified[key] = got
+    return data
 
+# %% ../nbs/02_data.ipynb #f1c6d8a3
 def _extract_member(archive: Path, member: str, zip_: bool, dest: Path) -> None:
     "Copy one member of a zip or tar archive to `dest` (raises the archive library's own errors)."
     if zip_:
@@ -145,10 +163,8 @@ def _download(f: DataFile, dest: Path, timeout: float = 60) -> None:
         os.replace(got, dest)
 
 # %% ../nbs/02_data.ipynb #17cac017
-def data_path(rel: str, # registry path, e.g. 'scifact/corpus.jsonl'
-              download: bool = True, # fetch from the canonical source if missing (only into the repo cache)
-             ) -> Path:
-    "Verified local path of a registered data file."
+def _local_file(rel: str, download: bool) -> tuple[Path, DataFile]:
+    "Where a registered file lives (downloaded first when missing and allowed); not yet read."
     if rel not in REGISTRY: raise DataError(f"{rel!r} is not a registered data file")
     f, root = REGISTRY[rel], data_root()
     p = root / rel
@@ -159,7 +175,26 @@ def data_path(rel: str, # registry path, e.g. 'scifact/corpus.jsonl'
         if not (download and f.url and not os.environ.get('RAG_LAB_DATA')):
             raise DataError(f"Missing data file {p}. Expected sha256 {f.sha256}. {_how_to_get(f)}")
         _download(f, p)
-    _check(p, f)
+    return p, f
+
+def data_bytes(rel: str, # registry path, e.g. 'scifact/corpus.jsonl'
+               download: bool = True, # fetch from the canonical source if missing (only into the repo cache)
+              ) -> bytes: # the file's contents, exactly the bytes whose sha256 was checked
+    "The verified contents of a registered data file: read once, hashed, and these very bytes returned for parsing."
+    p, f = _local_file(rel, download)
+    return _checked_bytes(p, f, _read_regular(p, f))
+
+def _data_text(rel: str) -> str:
+    "A verified data file's text (UTF-8)."
+    return data_bytes(rel).decode('utf-8')
+
+# %% ../nbs/02_data.ipynb #a9e2b7c4
+def data_path(rel: str, # registry path, e.g. 'scifact/corpus.jsonl'
+              download: bool = True, # fetch from the canonical source if missing (only into the repo cache)
+             ) -> Path:
+    "Local path of a registered data file, verified now (a path can be re-read later: loaders parse `data_bytes`)."
+    p, f = _local_file(rel, download)
+    _checked_bytes(p, f, _read_regular(p, f))
     return p
 
 def verify_all() -> pd.DataFrame:
@@ -181,16 +216,16 @@ def load_pubmedqa(split: str = 'all', # 'all' (1,000), 'test' (official 500) or 
                  ) -> pd.DataFrame:
     "PubMedQA PQA-L: pmid, question, contexts, labels, meshes, year, answer (yes/no/maybe), long_answer."
     if split not in ('all', 'test', 'train'): raise ValueError(f"split must be all, test or train, not {split!r}")
-    df = _pubmedqa_frame(json.loads(data_path('pubmedqa/ori_pqal.json').read_text()))
+    df = _pubmedqa_frame(json.loads(_data_text('pubmedqa/ori_pqal.json')))
     if split == 'all': return df
-    test_ids = set(json.loads(data_path('pubmedqa/test_ground_truth.json').read_text()))
+    test_ids = set(json.loads(_data_text('pubmedqa/test_ground_truth.json')))
     return df[df.pmid.isin(test_ids) == (split == 'test')].reset_index(drop=True)
 
 # %% ../nbs/02_data.ipynb #6b486551
 def load_bioasq_yesno() -> pd.DataFrame:
     "The 618 BioASQ yes/no questions of MIRAGE: id, question, answer, snippets, pmids, ideal_answer, source_batch."
     rows = []
-    for line in data_path('bioasq/bioasq_yesno_618_with_snippets.jsonl').read_text().splitlines():
+    for line in _data_text('bioasq/bioasq_yesno_618_with_snippets.jsonl').splitlines():
         r = json.loads(line)
         rows.append(dict(id=r['id'], question=r['question'], answer=r['exact_answer'].strip().lower(), snippets=r['snippets'],
                          pmids=[u.rsplit('/', 1)[-1] for u in r['documents']],
@@ -203,7 +238,7 @@ MIRAGE_LLMS = {'gpt-3.5': 'gpt-35-turbo-16k', 'gpt-4': 'gpt-4-32k'}
 
 @lru_cache(maxsize=1)
 def _mirage_benchmark() -> dict:
-    return json.loads(data_path('mirage/benchmark.json').read_text())
+    return json.loads(_data_text('mirage/benchmark.json'))
 
 def load_mirage(dataset: str, # one of MIRAGE_DATASETS
                ) -> pd.DataFrame:
@@ -214,7 +249,7 @@ def load_mirage(dataset: str, # one of MIRAGE_DATASETS
 
 @lru_cache(maxsize=1)
 def _mirage_prediction_files() -> dict[str, bytes]:
-    with tarfile.open(data_path('mirage/prediction.tar.gz')) as t:
+    with tarfile.open(fileobj=io.BytesIO(data_bytes('mirage/prediction.tar.gz'))) as t:
         return {m.name: t.extractfile(m).read() for m in t.getmembers() if m.isfile()}
 
 def load_mirage_predictions(dataset: str, # one of MIRAGE_DATASETS
@@ -251,8 +286,8 @@ MMLU_MED_SUBJECTS = ('anatomy', 'clinical_knowledge', 'college_biology', 'colleg
 
 def load_medqa_raw() -> pd.DataFrame:
     "MedQA-US 4-option test set in its original format: question, options, answer (letter), answer_text, meta_info."
-    p = data_path('mirage/medqa_raw/data_clean/questions/US/4_options/phrases_no_exclude_test.jsonl')
-    rows = [json.loads(l) for l in p.read_text().splitlines() if l.strip()]
+    text = _data_text('mirage/medqa_raw/data_clean/questions/US/4_options/phrases_no_exclude_test.jsonl')
+    rows = [json.loads(l) for l in text.splitlines() if l.strip()]
     return pd.DataFrame([dict(question=r['question'], options=r['options'], answer=r['answer_idx'],
                               answer_text=r['answer'], meta_info=r.get('meta_info')) for r in rows])
 
@@ -263,7 +298,7 @@ def load_mmlu_med(subject: str | None = None, # one of MMLU_MED_SUBJECTS; None =
     if not set(subjects) <= set(MMLU_MED_SUBJECTS): raise ValueError(f"unknown MMLU-Med subject {subject!r}")
     frames = []
     for s in subjects:
-        df = pd.read_csv(data_path(f'mmlu_med/{s}_test.csv'), header=None, names=['question', 'A', 'B', 'C', 'D', 'answer'],
+        df = pd.read_csv(io.BytesIO(data_bytes(f'mmlu_med/{s}_test.csv')), header=None, names=['question', 'A', 'B', 'C', 'D', 'answer'],
                          keep_default_na=False, dtype=str)
         df['options'] = df[['A', 'B', 'C', 'D']].to_dict('records')
         frames.append(df.assign(subject=s)[['subject', 'question', 'options', 'answer']])
@@ -271,7 +306,7 @@ def load_mmlu_med(subject: str | None = None, # one of MMLU_MED_SUBJECTS; None =
 
 # %% ../nbs/02_data.ipynb #7450591e
 def _jsonl(rel: str) -> list[dict]:
-    return [json.loads(l) for l in data_path(rel).read_text().splitlines() if l.strip()]
+    return [json.loads(l) for l in _data_text(rel).splitlines() if l.strip()]
 
 def load_scifact_corpus() -> pd.DataFrame:
     "SciFact's 5,183 abstracts: doc_id (str), title, sentences (list), structured."
@@ -291,14 +326,14 @@ def load_scifact_beir() -> tuple[pd.DataFrame, pd.DataFrame, dict[str, pd.DataFr
     "BEIR SciFact: corpus (doc_id, title, text), queries (qid, text), qrels {'train','test'} -> (qid, doc_id, score)."
     corpus = pd.DataFrame([dict(doc_id=r['_id'], title=r['title'], text=r['text']) for r in _jsonl('scifact/beir/corpus.jsonl')])
     queries = pd.DataFrame([dict(qid=r['_id'], text=r['text']) for r in _jsonl('scifact/beir/queries.jsonl')])
-    qrels = {s: pd.read_csv(data_path(f'scifact/beir/qrels/{s}.tsv'), sep='\t', dtype={'query-id': str, 'corpus-id': str})
+    qrels = {s: pd.read_csv(io.BytesIO(data_bytes(f'scifact/beir/qrels/{s}.tsv')), sep='\t', dtype={'query-id': str, 'corpus-id': str})
                   .rename(columns={'query-id': 'qid', 'corpus-id': 'doc_id'}) for s in ('train', 'test')}
     return corpus, queries, qrels
 
 # %% ../nbs/02_data.ipynb #f90b70b9
 def load_mesh() -> pd.DataFrame:
     "MeSH 2024 descriptors: ui, name, tree_numbers (list), entry_terms (list)."
-    df = pd.read_csv(data_path('mesh/mesh_descriptors.tsv'), sep='\t', dtype=str, keep_default_na=False)
+    df = pd.read_csv(io.BytesIO(data_bytes('mesh/mesh_descriptors.tsv')), sep='\t', dtype=str, keep_default_na=False)
     split = lambda s: [t for t in s.split('|') if t]
     return pd.DataFrame(dict(ui=df.descriptor_ui, name=df.name, tree_numbers=df.tree_numbers.map(split),
                              entry_terms=df.entry_terms.map(split)))
@@ -308,7 +343,7 @@ def load_healthver(split: str, # 'dev' or 'test'
                   ) -> pd.DataFrame:
     "HealthVer evidence-claim pairs: id, evidence, claim, label (Supports/Refutes/Neutral), topic_ip, question."
     if split not in ('dev', 'test'): raise ValueError(f"HealthVer split must be dev or test, not {split!r}")
-    df = pd.read_csv(data_path(f'claim_verification/healthver/healthver_{split}.csv'), dtype={'id': str})
+    df = pd.read_csv(io.BytesIO(data_bytes(f'claim_verification/healthver/healthver_{split}.csv')), dtype={'id': str})
     df['claim'] = df.claim.str.strip()
     return df
 
@@ -318,7 +353,7 @@ def load_covidfact() -> pd.DataFrame:
 
 def load_retraction_watch() -> pd.DataFrame:
     "Retraction Watch: doi (lower-cased), nature (e.g. Retraction, Correction, Expression of concern)."
-    df = pd.read_csv(data_path('retraction/retractionwatch_doi_nature.tsv'), sep='\t', dtype=str, keep_default_na=False)
+    df = pd.read_csv(io.BytesIO(data_bytes('retraction/retractionwatch_doi_nature.tsv')), sep='\t', dtype=str, keep_default_na=False)
     return pd.DataFrame(dict(doi=df['doi'].str.lower().str.strip(), nature=df['retractionwatch']))
 
 # %% ../nbs/02_data.ipynb #9d90f033

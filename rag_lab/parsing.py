@@ -170,7 +170,8 @@ def parse_json_verdict(text: str, # model output containing a JSON object
     "A label from a JSON verdict; unparseable if the JSON, the key or the label is missing or unknown."
     try: obj = extract_json(text)
     except ValueError: return ParsedAnswer(status='unparseable', raw=text)
-    if not isinstance(obj, dict): return ParsedAnswer(status='unparseable', raw=text)
+    # a key that is not a string ({1: ...}, read as a Python literal) means it is no JSON object: counted, not guessed at
+    if not isinstance(obj, dict) or not all(isinstance(k, str) for k in obj): return ParsedAnswer(status='unparseable', raw=text)
     val = next((v for k, v in obj.items() if k.lower() == key.lower()), None)
     canon = {l.lower().replace('_', ' '): l for l in labels}
     lab = canon.get(str(val).strip().lower().replace('_', ' ')) if isinstance(val, str) else None
@@ -188,7 +189,7 @@ def parse_mirage_output(raw: str | None, # one published model output (a JSON st
     try:
         obj = json.loads(raw)
         if isinstance(obj, dict) and 'answer_choice' in obj: choice = obj['answer_choice']
-    except json.JSONDecodeError: pass
+    except (json.JSONDecodeError, RecursionError): pass   # nested past Python's limit: no JSON, as a syntax error is none
     if choice is None:
         found = _ANSWER_FIELD.findall(raw)
         if found: choice = found[-1]

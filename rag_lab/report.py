@@ -20,7 +20,8 @@ __all__ = ['PAPER_SLUGS', 'RESULT_COLUMNS', 'CSV_SIGNIFICANT_DIGITS', 'ITEM_COLU
            'markdown_table', 'with_delta', 'csv_number', 'csv_text', 'without_wall_time', 'table_digests',
            'prompt_digests', 'Results', 'start_run', 'start_notebook', 'row_parts', 'ci_row', 'accuracy_row',
            'comparison_rows', 'ci_text', 'comparison_text', 'table_value', 'set_style', 'scorecard', 'scorecard_text',
-           'rounded_for_reading', 'write_index', 'local_mathjax', 'item_browser', 'site_sources', 'build_site']
+           'rounded_for_reading', 'write_index', 'local_mathjax', 'item_browser', 'site_sources', 'jupyter_book',
+           'build_site']
 
 # %% ../nbs/07_report.ipynb #ca90c1a0
 PAPER_SLUGS = tuple(PAPERS)   # from the registry: the papers in their order
@@ -522,32 +523,66 @@ def local_mathjax(extra: Path, # a folder copied to the site's root as is: MathJ
     return dest / 'tex-chtml-full.js'
 
 # %% ../nbs/07_report.ipynb #1f3e50e9
-def _cell(v) -> str:
-    "A value as escaped HTML text (long texts keep their line breaks in a <pre>)."
-    if v is None or (isinstance(v, float) and math.isnan(v)): return ''
-    s = html.escape(_fmt(v) if isinstance(v, (float, np.floating)) else str(v))
-    return f'<pre>{s}</pre>' if len(s) > 80 or '\n' in s else s
+_LINE_BREAKING = re.compile(r'[\x00-\x08\x0a-\x1f\x7f\u2028\u2029]')   # C0 controls (\n, \r, ...), DEL, line separators
 
+def _html_text(v) -> str:
+    "A value as escaped HTML on one source line: line breaks and control characters as character references."
+    return _LINE_BREAKING.sub(lambda m: f'&#{ord(m[0])};', html.escape(str(v)))
+
+def _md_text(v) -> str:
+    "A value as literal Markdown text on one line: every ASCII punctuation mark backslash-escaped."
+    return re.sub(r'([!-/:-@\[-`{-~])', r'\\\1', _LINE_BREAKING.sub(' ', str(v)))
+
+def _blank(v) -> bool:
+    "True for a cell that holds nothing (None, NaN, empty or white space)."
+    return v is None or (isinstance(v, float) and math.isnan(v)) or str(v).strip() == ''
+
+# %% ../nbs/07_report.ipynb #c3e91a57
+def _cell(v) -> str:
+    "A value as escaped HTML on one line (long or multi-line texts in a <pre>, their line breaks kept as &#10;)."
+    if v is None or (isinstance(v, float) and math.isnan(v)): return ''
+    s = _fmt(v) if isinstance(v, (float, np.floating)) else str(v)
+    if len(s) <= 80 and not _LINE_BREAKING.search(s): return _html_text(s)
+    lead = '&#10;' if s[:1] == '\n' else ''   # HTML drops one line break right after <pre>: keep the text's own
+    return f'<pre>{lead}{_html_text(s)}</pre>'
+
+def _logprobs_cell(v) -> str:
+    "`option_logprobs` (a dict, or its JSON) as one 'option: log-probability' line per option; anything else as text."
+    try: d = v if isinstance(v, dict) else json.loads(v) if isinstance(v, str) and v.lstrip().startswith('{') else None
+    except ValueError: d = None
+    if not isinstance(d, dict) or not all(isinstance(x, (int, float)) for x in d.values()): return _cell(v)
+    return '<br>'.join(f'{_html_text(k)}: {_html_text(_fmt(float(x)))}' for k, x in d.items())
+
+def _calls_cell(v) -> str:
+    "Call keys as plain text, one per line (nothing to link them to yet)."
+    return '' if _blank(v) else '<br>'.join(f'<code>{_html_text(k)}</code>' for k in str(v).split())
+
+_ITEM_VIEW = {'confidence': ('confidence', _cell), 'option_logprobs': ('option log-probs', _logprobs_cell),
+              'raw': ('raw output', _cell), 'calls': ('calls', _calls_cell)}   # core columns after system, pred, gold, correct
+
+# %% ../nbs/07_report.ipynb #d5b02f68
 def item_browser(items: pd.DataFrame, # an items_*.csv: ITEM_COLUMNS then any others
                  title: str, # page title
                  limit: int = 300, # items shown (the CSV has all of them)
                 ) -> str:
-    "A markdown page with one collapsible block per item: every system's answer, gold, correctness and the other columns."
-    parts = [f'# {html.escape(title)}\n', f'{items.item_id.nunique()} items, {items.system.nunique()} systems '
-             f'({", ".join(html.escape(str(s)) for s in items.system.unique())}); '
-             f'accuracy per system: ' + ', '.join(f'{html.escape(str(s))} {100 * g.correct.astype(bool).mean():.1f}%'
-                                                  for s, g in items.groupby('system', sort=False)) + '.\n']
+    "A MyST page: the title, then one raw HTML block (one collapsible table per item) that no data can end or enter."
+    core = [c for c in _ITEM_VIEW if c in items.columns and not items[c].map(_blank).all()]   # a column no row fills is left out
     extra = [c for c in items.columns if c not in ITEM_COLUMNS]
+    head = ''.join(f'<th>{_html_text(c)}</th>' for c in ['system', 'pred', 'gold', 'correct', *(_ITEM_VIEW[c][0] for c in core), *extra])
+    accuracy = ', '.join(f'{_html_text(s)} {100 * g.correct.astype(bool).mean():.1f}%' for s, g in items.groupby('system', sort=False))
+    lines = [f'<div class="item-browser"><p>{items.item_id.nunique()} items, {items.system.nunique()} systems '
+             f'({", ".join(_html_text(s) for s in items.system.unique())}); accuracy per system: {accuracy}.</p>']
     for (ds, iid), g in list(items.groupby(['dataset', 'item_id'], sort=False))[:limit]:
-        right = int(g.correct.astype(bool).sum())
-        rows = ''.join(f"<tr><td>{_cell(r.system)}</td><td>{_cell(r.pred)}</td><td>{_cell(r.gold)}</td>"
-                       f"<td>{'✔' if bool(r.correct) else '✘'}</td>" + ''.join(f'<td>{_cell(getattr(r, c))}</td>' for c in extra) + '</tr>'
-                       for r in g.itertuples(index=False))
-        head = ''.join(f'<th>{html.escape(c)}</th>' for c in ['system', 'pred', 'gold', 'correct', *extra])
-        parts.append(f'<details><summary>{html.escape(str(ds))} / {html.escape(str(iid))}: {right} of {len(g)} systems right'
-                     f'</summary>\n<table class="items"><tr>{head}</tr>{rows}</table>\n</details>\n')
-    if items.item_id.nunique() > limit: parts.append(f'\n(first {limit} items; the CSV has all of them)\n')
-    return '\n'.join(parts)
+        rows = ''.join(f"<tr><td>{_cell(r['system'])}</td><td>{_cell(r['pred'])}</td><td>{_cell(r['gold'])}</td>"
+                       f"<td>{'✔' if bool(r['correct']) else '✘'}</td>" + ''.join(f'<td>{_ITEM_VIEW[c][1](r[c])}</td>' for c in core)
+                       + ''.join(f'<td>{_cell(r[c])}</td>' for c in extra) + '</tr>' for _, r in g.iterrows())
+        lines.append(f'<details><summary>{_html_text(ds)} / {_html_text(iid)}: {int(g.correct.astype(bool).sum())} of {len(g)} '
+                     f'systems right</summary><table class="items"><tr>{head}</tr>{rows}</table></details>')
+    if items.item_id.nunique() > limit: lines.append(f'<p>(first {limit} items; the CSV has all of them)</p>')
+    lines.append('</div>')
+    # one HTML block: MyST passes it through untouched up to the first blank line, and no line of it is blank
+    if any(not l.strip() or '\n' in l for l in lines): raise AssertionError('item_browser: a line of the raw HTML block is blank or broken')
+    return f'# {_md_text(title)}\n\n' + '\n'.join(lines) + '\n'
 
 # %% ../nbs/07_report.ipynb #ca08ffcf
 _SITE_CONFIG = """title: rag_lab
@@ -631,14 +666,12 @@ def site_sources(root: Path | str | None = None, # output root of the run to pub
     return src
 
 # %% ../nbs/07_report.ipynb #0275fa7c
-def build_site(root: Path | str | None = None, # output root of the run to publish (default: the repository)
-               out: Path | str | None = None, # where the HTML goes (default: <root>/reports/site)
-              ) -> Path: # the site's index.html
-    "Build the website of a run with Jupyter Book 1.x (offline); raises with the builder's own message when it fails."
+def jupyter_book(src: Path | str, # a Jupyter Book's sources (_config.yml, _toc.yml, pages)
+                 out: Path | str, # where the build goes: the HTML lands in <out>/_build/html
+                ) -> Path: # the book's index.html
+    "Build a Jupyter Book 1.x (offline, as `rag-lab site` does); raises with the builder's own message when it fails."
     import subprocess, sys, shutil
-    root = out_root(root)
-    src = site_sources(root)
-    out = Path(out) if out else root / 'reports' / 'site'
+    out = Path(out)
     if out.exists(): shutil.rmtree(out)
     jb = Path(sys.executable).parent / 'jupyter-book'
     r = subprocess.run([str(jb), 'build', str(src), '--path-output', str(out), '--quiet', '--keep-going'],
@@ -649,3 +682,11 @@ def build_site(root: Path | str | None = None, # output root of the run to publi
         t = page.read_text(encoding='utf-8')
         if 'localStorage.getItem("mode") || ""' in t: page.write_text(t.replace('localStorage.getItem("mode") || ""', 'localStorage.getItem("mode") || "auto"'), encoding='utf-8')
     return index
+
+# %% ../nbs/07_report.ipynb #e7a4c219
+def build_site(root: Path | str | None = None, # output root of the run to publish (default: the repository)
+               out: Path | str | None = None, # where the HTML goes (default: <root>/reports/site)
+              ) -> Path: # the site's index.html
+    "Build the website of a run with Jupyter Book 1.x (offline); raises with the builder's own message when it fails."
+    root = out_root(root)
+    return jupyter_book(site_sources(root), Path(out) if out else root / 'reports' / 'site')
