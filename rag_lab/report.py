@@ -409,8 +409,9 @@ def scorecard(root: Path | str | None = None, # output root holding reports/
     root, rows = out_root(root), []
     for slug in PAPER_SLUGS:
         rdir = root / 'reports' / slug
-        if not (rdir / 'run_meta.json').exists(): continue
-        df = pd.concat([pd.read_csv(p) for p in _result_csvs(rdir)], ignore_index=True)
+        tables = _result_csvs(rdir)
+        if not (rdir / 'run_meta.json').exists() or not tables: continue   # a stray run_meta.json without tables publishes nothing
+        df = pd.concat([pd.read_csv(p) for p in tables], ignore_index=True)
         checks = df['check'] if 'check' in df else pd.Series(dtype=str)   # tables published before the check column have none
         comparable = df['check'] != 'not comparable' if 'check' in df else True   # runtimes on other hardware
         both = df[df.paper.notna() & df.ours.notna() & comparable]

@@ -13,7 +13,7 @@ from . import __version__
 from dataclasses import replace
 from .config import PROFILES, RunContext, parse_param, check_params, repo_root, out_root, run_context, scratch_root, atomic_write_text
 from .papers import CHAPTERS, PAPERS
-from .calls import clock
+from .calls import CacheError, RecordsError, clock
 from .report import write_index, scorecard_text
 import numpy as np, pandas as pd
 
@@ -600,7 +600,7 @@ def records_command(action: str, sample: int = 20, seed: int = 0,
         files = sorted(recs.root.glob('*/*/calls-*.jsonl.gz'))
         print(records_table(recs).to_string(index=False) + '\n')
         print(f"{len(recs)} records in {len(files)} files, {sum(f.stat().st_size for f in files) / 1e6:.1f} MB "
-              f"(largest {max((f.stat().st_size for f in files), default=0) / 1e6:.2f} MB); {len(recs.tampered)} failed their checksum")
+              f"(largest {max((f.stat().st_size for f in files), default=0) / 1e6:.2f} MB); {len(recs.tampered)} not replayable (checksum failed, or the result does not answer its request)")
         return 0
     v = verify_records(sample, seed, recs)
     print(v.to_string(index=False))
@@ -659,5 +659,5 @@ def main(argv: list[str] | None = None) -> int:
         if a.cmd == 'list': return list_command()
         if a.cmd == 'params': return params_command(a.slug)
         return site_command(a.out)
-    except UsageError as e:
+    except (UsageError, RecordsError, CacheError) as e:   # a damaged record or cache is a message naming the file, never a traceback
         print(f"rag-lab: error: {e}", file=sys.stderr); return 2

@@ -275,3 +275,13 @@ def test_an_unwritable_cache_root_stops_only_the_calls_that_need_the_cache(tmp_p
     assert b.chat('q').source == 'record'
     with pytest.raises(CacheError) as e: b.chat('not recorded')
     assert str(tmp_path / 'a-file') in str(e.value) and 'Delete it' not in str(e.value) and 'RAG_LAB_CACHE' in str(e.value)
+
+
+def test_records_stats_names_a_damaged_shard_instead_of_a_traceback(tmp_path):
+    "`rag-lab records stats` over a folder with a bad line: one message naming the file, exit 2 (it used to print a traceback)."
+    import gzip, os, subprocess, sys
+    d = tmp_path / 'records' / 'reason_verify' / 'smoke'; d.mkdir(parents=True)
+    (d / 'calls-all.jsonl.gz').write_bytes(gzip.compress(b'{not json\n'))
+    env = {**os.environ, 'RAG_LAB_RECORDS_DIR': str(tmp_path / 'records')}
+    r = subprocess.run([str(Path(sys.executable).parent / 'rag-lab'), 'records', 'stats'], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and 'calls-all.jsonl.gz' in r.stderr and 'Traceback' not in r.stderr, (r.returncode, r.stderr[-800:])
