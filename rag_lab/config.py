@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, TypeAdapter,
 
 # %% auto #0
 __all__ = ['DEFAULT_SEED', 'SEED_MAX', 'PROFILES', 'Backend', 'DEFAULT_GENERATOR', 'SMOKE_LLM', 'CAPABILITY_TEXT',
-           'BACKEND_CAPABILITIES', 'repo_root', 'data_root', 'cache_dir', 'out_root', 'scratch_root', 'RunContext',
-           'run_context', 'atomic_write_bytes', 'atomic_write_text', 'seed_everything', 'quiet_loading',
+           'BACKEND_CAPABILITIES', 'repo_root', 'data_root', 'cache_root', 'cache_dir', 'out_root', 'scratch_root',
+           'RunContext', 'run_context', 'atomic_write_bytes', 'atomic_write_text', 'seed_everything', 'quiet_loading',
            'comma_list_of', 'NotebookParams', 'LLMParams', 'backend_refusal', 'param_schema', 'resolve_params',
            'parse_param', 'check_params', 'package_versions', 'git_commit', 'file_sha256', 'RunInfo', 'run_params',
            'injected_parameters', 'notebook_params']
@@ -40,9 +40,13 @@ def data_root() -> Path:
     "Folder holding the datasets: `$RAG_LAB_DATA` (a mirror) or the repo's `data/` download cache."
     return _env_path('RAG_LAB_DATA', repo_root() / 'data')
 
+def cache_root() -> Path:
+    "The cache folder, `$RAG_LAB_CACHE` or `<repo>/.cache` (not created: a pure replay never touches it)."
+    return _env_path('RAG_LAB_CACHE', repo_root() / '.cache')
+
 def cache_dir(*parts: str) -> Path:
-    "A (created) folder under `$RAG_LAB_CACHE` or `<repo>/.cache` for models, LLM calls and embeddings."
-    p = _env_path('RAG_LAB_CACHE', repo_root() / '.cache').joinpath(*parts)
+    "A (created) folder under `cache_root()` for models, LLM calls and embeddings."
+    p = cache_root().joinpath(*parts)
     p.mkdir(parents=True, exist_ok=True)
     return p
 
@@ -195,9 +199,12 @@ class LLMParams(NotebookParams):
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint (backend='openai')")
     temperature: float = Field(0.0, ge=0, le=2)
     max_tokens: int = Field(512, ge=1, le=32768)
+    answer_mode: Literal['scored', 'free_text'] = Field('scored', description="scored: the option most likely after the prompt; free_text: the answer parsed from the text")
 
     def needs(self) -> dict[str, tuple[set[str], str]]:
         "Backend parameter -> (capabilities the run needs of that backend, which part of the run needs them); papers extend it."
+        if self.answer_mode == 'scored':
+            return {'backend': ({'chat', 'score_chat'}, "answer_mode='scored' (the option log-probabilities; answer_mode=free_text reads the answer from the text)")}
         return {'backend': ({'chat'}, 'every LLM chapter')}
 
     @model_validator(mode='after')

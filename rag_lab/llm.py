@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Sequence
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from .config import BACKEND_CAPABILITIES, DEFAULT_GENERATOR, LLMParams, file_sha256, quiet_loading, run_context
+from .config import DEFAULT_GENERATOR, LLMParams, file_sha256, quiet_loading, run_context
 from .data import RateLimiter
 from .parsing import ParsedAnswer, extract_json
 from .models import EMBEDDED_MODELS, ModelError, checkpoint_fingerprint, embedded_model_path, verify_model_file
@@ -141,11 +141,6 @@ class LLM:
                     context_tokens=rs[0]['context_tokens'])
     def render(self, messages: Sequence[dict]) -> str:
         raise LLMError(f"backend {self.backend!r} cannot render a chat template; pass raw text")
-
-    @property
-    def capabilities(self) -> frozenset[str]:
-        "What this backend can do (`config.BACKEND_CAPABILITIES`, the one place that says it)."
-        return BACKEND_CAPABILITIES[self.backend]
 
     @property
     def model_id(self) -> str:

@@ -14,6 +14,18 @@ def pytest_configure(config):
 def repo() -> Path:
     return REPO
 
+@pytest.fixture(scope='module')
+def toy():
+    "Three abstracts for the PubMed query language and the local E-utilities service (markup characters on purpose)."
+    from rag_lab.text import Corpus, Document
+    return Corpus([
+        Document('101', 'Leukotrienes in asthma', 'Montelukast blocks leukotriene receptors in bronchial asthma.',
+                 metadata=dict(year=2005, mesh=['Asthma', 'Leukotrienes'])),
+        Document('102', 'Childhood asthma trial', 'Inhaled steroids for asthma in children & adolescents <12y.',
+                 metadata=dict(year=2012, mesh=['Asthma', 'Child'])),
+        Document('103', 'Screening', 'CT screening for small cell lung carcinoma.',
+                 metadata=dict(year=None, mesh=['Small Cell Lung Carcinoma']))], name='toy')
+
 @pytest.fixture
 def out_env(tmp_path, monkeypatch) -> Path:
     "Outputs of the code under test go to a temp folder, never into the repository."

@@ -9,15 +9,6 @@ import rag_lab.eutils as eutils
 from rag_lab.eutils import LocalEutilsServer, LocalPubMed, PubMedClient, PubMedError, QuerySyntaxError, compose_query, normalize_query, parse_query
 from rag_lab.text import Corpus, Document
 
-@pytest.fixture(scope='module')
-def toy():
-    return Corpus([
-        Document('101', 'Leukotrienes in asthma', 'Montelukast blocks leukotriene receptors in bronchial asthma.',
-                 metadata=dict(year=2005, mesh=['Asthma', 'Leukotrienes'])),
-        Document('102', 'Childhood asthma trial', 'Inhaled steroids for asthma in children.',
-                 metadata=dict(year=2012, mesh=['Asthma', 'Child'])),
-        Document('103', 'Screening', 'CT screening for small cell lung carcinoma.',
-                 metadata=dict(year=None, mesh=['Small Cell Lung Carcinoma']))], name='toy')
 
 @pytest.fixture(scope='module')
 def lp(toy): return LocalPubMed(toy)

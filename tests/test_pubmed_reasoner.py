@@ -12,15 +12,6 @@ from rag_lab.papers.pubmed_reasoner import (AgentConfig, Question, ScriptedLLM, 
 from rag_lab.text import tokenize
 from rag_lab.text import Corpus, Document
 
-@pytest.fixture(scope='module')
-def toy():
-    return Corpus([
-        Document('101', 'Leukotrienes in asthma', 'Montelukast blocks leukotriene receptors in bronchial asthma.',
-                 metadata=dict(year=2005, mesh=['Asthma', 'Leukotrienes'])),
-        Document('102', 'Childhood asthma trial', 'Inhaled steroids for asthma in children & adolescents <12y.',
-                 metadata=dict(year=2012, mesh=['Asthma', 'Child'])),
-        Document('103', 'Screening', 'CT screening for small cell lung carcinoma.',
-                 metadata=dict(year=None, mesh=['Small Cell Lung Carcinoma']))], name='toy')
 
 @pytest.fixture(scope='module')
 def server(toy):

@@ -82,10 +82,7 @@ class ReasonVerifyParams(LLMParams):
 
     def needs(self) -> dict[str, tuple[set[str], str]]:
         "What the run asks of each backend (checked against `config.BACKEND_CAPABILITIES` when the parameters are validated)."
-        scored = self.answer_mode == 'scored'
-        return {'backend': ({'chat', 'score_chat'} if scored else {'chat'},
-                            "answer_mode='scored' (the option log-probabilities; answer_mode=free_text is the paper's protocol)" if scored else 'the answers'),
-                'verifier_backend': ({'chat'}, 'verifier A and the rewriter'), 'verifier2_backend': ({'chat'}, 'verifier B')}
+        return super().needs() | {'verifier_backend': ({'chat'}, 'verifier A and the rewriter'), 'verifier2_backend': ({'chat'}, 'verifier B')}
 
 PARAMS = ReasonVerifyParams
 PROFILES: dict[str, dict] = {

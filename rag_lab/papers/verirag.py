@@ -79,12 +79,6 @@ class VeriragParams(LLMParams):
             raise ValueError(f"n_secondary ({self.n_secondary}) cannot exceed n ({self.n}): secondary claims are the first of the headline's")
         return self
 
-    def needs(self) -> dict[str, tuple[set[str], str]]:
-        "Scored labels need option log-probabilities after a chat prompt (the other protocol is skipped where the backend has none)."
-        if self.answer_mode == 'scored':
-            return {'backend': ({'chat', 'score_chat'}, "answer_mode='scored' (answer_mode=free_text is the paper's protocol)")}
-        return super().needs()
-
     @property
     def other_answer_mode(self) -> str | None:
         "The protocol the secondary claims also run: the one not in the headline, if the backend can run it."
