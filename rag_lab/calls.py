@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal, Sequence
 import pandas as pd
 from fastcore.basics import patch
-from .config import _env_path, atomic_write_bytes, atomic_write_text, cache_dir, repo_root, run_context
+from .config import cache_root, atomic_write_bytes, atomic_write_text, cache_dir, repo_root, run_context
 
 # %% auto #0
 __all__ = ['CacheMode', 'SHARD_LIMIT', 'RecordsMode', 'LOGPROB_TOL', 'API_PRICES_USD_PER_1M', 'LEDGER', 'CacheError', 'LLMCache',
@@ -62,6 +62,15 @@ class LLMCache:
         self._local, self._lock = threading.local(), threading.Lock()
 
     @staticmethod
+    def _set_up(c: sqlite3.Connection) -> None:
+        "WAL journal and the calls table (made, or given the checksum column older caches lack)."
+        c.execute('PRAGMA journal_mode=WAL'); c.execute('PRAGMA synchronous=NORMAL')
+        cols = [r[1] for r in c.execute('PRAGMA table_info(calls)').fetchall()]   # a read: a full disk still opens
+        if not cols: c.execute("CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, kind TEXT, backend TEXT, "
+                               "model TEXT, value TEXT NOT NULL, created REAL, checksum TEXT)")
+        elif 'checksum' not in cols: c.execute('ALTER TABLE calls ADD COLUMN checksum TEXT')  # older caches: rows unverified
+
+    @staticmethod
     def _check_mode(mode: str) -> str:
         if mode not in ('on', 'off', 'refresh'): raise ValueError(f"cache mode must be on, off or refresh, not {mode!r}")
         return mode
@@ -73,11 +82,11 @@ class LLMCache:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 c = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
-                c.execute('PRAGMA journal_mode=WAL'); c.execute('PRAGMA synchronous=NORMAL')
-                cols = [r[1] for r in c.execute('PRAGMA table_info(calls)').fetchall()]   # a read: a full disk still opens
-                if not cols: c.execute("CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, kind TEXT, backend TEXT, "
-                                       "model TEXT, value TEXT NOT NULL, created REAL, checksum TEXT)")
-                elif 'checksum' not in cols: c.execute('ALTER TABLE calls ADD COLUMN checksum TEXT')  # older caches: rows unverified
+                for attempt in range(600):   # two processes opening a new file at once: switching it to WAL is not covered by the busy timeout
+                    try: self._set_up(c); break
+                    except sqlite3.OperationalError as e:
+                        if 'locked' not in str(e) or attempt == 599: raise
+                        time.sleep(0.1)
             except (OSError, sqlite3.DatabaseError) as e:
                 if isinstance(e, sqlite3.OperationalError) and 'locked' in str(e): raise
                 raise _cache_error(self.path, e) from None
@@ -132,7 +141,7 @@ def stats(self: LLMCache) -> dict:
 # %% ../nbs/04b_calls.ipynb #5d47f2c5
 def _default_cache_path() -> Path:
     "`cache_dir('llm')/calls.sqlite`, without making the folder: the cache makes it when it is first used."
-    return _env_path('RAG_LAB_CACHE', repo_root() / '.cache') / 'llm' / 'calls.sqlite'
+    return cache_root() / 'llm' / 'calls.sqlite'
 
 @lru_cache(maxsize=None)
 def _cache_at(path: str) -> LLMCache: return LLMCache(path)
