@@ -200,12 +200,27 @@ class LLMParams(NotebookParams):
     temperature: float = Field(0.0, ge=0, le=2)
     max_tokens: int = Field(512, ge=1, le=32768)
     answer_mode: Literal['scored', 'free_text'] = Field('scored', description="scored: the option most likely after the prompt; free_text: the answer parsed from the text")
+    calibration: Literal['content_free', 'none'] | None = Field(None, description="prior calibration shown beside the raw "
+                 "scored answers: content_free (per-option offsets from each system's answer to a content-free input, never "
+                 "the headline items), none; None: content_free when answers are scored, else none")
+
+    @property
+    def prior_calibration(self) -> str:
+        "The calibration this run applies: `calibration`, or its default for the answer mode."
+        return self.calibration or ('content_free' if self.answer_mode == 'scored' else 'none')
 
     def needs(self) -> dict[str, tuple[set[str], str]]:
         "Backend parameter -> (capabilities the run needs of that backend, which part of the run needs them); papers extend it."
         if self.answer_mode == 'scored':
             return {'backend': ({'chat', 'score_chat'}, "answer_mode='scored' (the option log-probabilities; answer_mode=free_text reads the answer from the text)")}
         return {'backend': ({'chat'}, 'every LLM chapter')}
+
+    @model_validator(mode='after')
+    def _calibration_needs_scores(self):
+        if self.calibration == 'content_free' and self.answer_mode != 'scored':
+            raise ValueError("calibration='content_free' shifts option log-probabilities, which answer_mode='free_text' does not "
+                             "produce: use calibration=none (or leave it unset) with free-text answers")
+        return self
 
     @model_validator(mode='after')
     def _backends_can_run(self):

@@ -13,13 +13,17 @@ from .config import NotebookParams, RunInfo, atomic_write_bytes, atomic_write_te
 from .papers import CHAPTERS, PAPERS
 from .calls import LEDGER, finish_recording, recording_folder, start_recording
 from fastcore.basics import patch
+from typing import Mapping, Sequence
+from .metrics import (accuracy, answer_margin, apply_option_bias, auroc_ci, bootstrap_ci, compare_paired, constant_accuracy,
+                             gold_logprob, label_distribution, majority_label, paired_gold_logprob, prior_verdict)
 
 # %% auto #0
-__all__ = ['PAPER_SLUGS', 'RESULT_COLUMNS', 'CSV_SIGNIFICANT_DIGITS', 'ITEM_COLUMNS', 'CALL_KEY_DIGITS', 'INDEX_MAX_ROWS',
-           'MATHJAX_PACKAGE', 'parse_reported', 'paper_table', 'printed_tolerance', 'check_against_paper',
-           'markdown_table', 'with_delta', 'csv_number', 'csv_text', 'without_wall_time', 'table_digests',
-           'prompt_digests', 'Results', 'start_run', 'start_notebook', 'row_parts', 'ci_row', 'accuracy_row',
-           'comparison_rows', 'ci_text', 'comparison_text', 'table_value', 'set_style', 'scorecard', 'scorecard_text',
+__all__ = ['PAPER_SLUGS', 'RESULT_COLUMNS', 'CSV_SIGNIFICANT_DIGITS', 'ITEM_COLUMNS', 'CALL_KEY_DIGITS', 'GOLD_LOGPROB',
+           'DELTA_GOLD_LOGPROB', 'MARGIN_AUROC', 'INDEX_MAX_ROWS', 'MATHJAX_PACKAGE', 'parse_reported', 'paper_table',
+           'printed_tolerance', 'check_against_paper', 'markdown_table', 'with_delta', 'csv_number', 'csv_text',
+           'without_wall_time', 'table_digests', 'prompt_digests', 'Results', 'start_run', 'start_notebook',
+           'row_parts', 'ci_row', 'accuracy_row', 'comparison_rows', 'ci_text', 'comparison_text', 'table_value',
+           'share_metric', 'option_scores', 'prior_rows', 'headline_view', 'set_style', 'scorecard', 'scorecard_text',
            'rounded_for_reading', 'write_index', 'local_mathjax', 'item_browser', 'site_sources', 'jupyter_book',
            'build_site']
 
@@ -370,6 +374,143 @@ def table_value(t: pd.DataFrame, # a table `Results.table` returned (or read fro
     hit = t[(t['row'] == row) & (t['metric'] == metric)]
     if len(hit) != 1: raise KeyError(f"no single row ({row!r}, {metric!r}) in the table ({len(hit)} found)")
     return hit[col].iloc[0]
+
+# %% ../nbs/07_report.ipynb #28920415
+GOLD_LOGPROB = 'mean log p(gold option) (nats)'      # threshold-free score of one system
+DELTA_GOLD_LOGPROB = 'Δ mean log p(gold option) (nats)'  # its paired difference, method minus baseline
+MARGIN_AUROC = 'AUROC of the yes−no margin'          # yes/no tasks: does the margin rank yes-items above no-items?
+
+def share_metric(label: str, # an answer as readers know it ('yes', 'B')
+                ) -> str:
+    "The metric name of a label's share of the answers: \"answers 'yes' (%)\"."
+    return f"answers '{label}' (%)"
+
+def option_scores(v, # an items `option_logprobs` cell: a dict, its JSON text, or empty (None, NaN, '')
+                 ) -> dict[str, float] | None: # option -> log-probability; None: the answer was not scored
+    "One item's option log-probabilities, however a frame or a CSV holds them."
+    if v is None or (isinstance(v, float) and math.isnan(v)) or (isinstance(v, str) and not v.strip()): return None
+    d = json.loads(v) if isinstance(v, str) else v
+    if not isinstance(d, dict): raise ValueError(f"option log-probabilities must be a mapping, got {type(d).__name__}: {str(v)[:60]!r}")
+    return {str(k): float(x) for k, x in d.items()} or None
+
+# %% ../nbs/07_report.ipynb #781e9b13
+def _paired_frames(items: pd.DataFrame, systems: Sequence[str], subset: str) -> dict[str, pd.DataFrame]:
+    "Each system's answers on the same items, in one order, with one gold answer per item (or a clear error)."
+    d = items[items.system.isin(systems)]
+    if d.duplicated(['item_id', 'system']).any(): raise ValueError(f"{subset}: an item has two predictions of one system")
+    ids = {s: frozenset(d.item_id[d.system == s]) for s in systems}
+    if not ids[systems[0]] or len(set(ids.values())) > 1:
+        raise ValueError(f"{subset}: the systems were not run on the same items ({ {s: len(v) for s, v in ids.items()} })")
+    if (d.groupby('item_id').gold.nunique() > 1).any(): raise ValueError(f"{subset}: systems disagree on an item's gold answer")
+    order = sorted(ids[systems[0]])
+    return {s: d[d.system == s].set_index('item_id').loc[order] for s in systems}
+
+def prior_rows(items: pd.DataFrame, # one subset's answers: item_id, system, pred (None/NaN: none), gold, option_logprobs
+               subset: str, # the subset in every row label, e.g. 'PubMedQA*'
+               systems: Sequence[str], # systems to report, in order
+               comparisons: Sequence[tuple[str, str]] = (), # (method, baseline) pairs
+               dev_gold: Sequence[str] | Mapping[str, Sequence[str]] = (), # dev gold options: the majority baseline; for a pooled
+                                                                            # subset, dataset -> its dev gold (each item gets its dataset's)
+               names: Mapping[str, str] | None = None, # option -> label readers know ('A' -> 'yes'); None: options are labels
+               yes_no: tuple[str, str] | None = None, # the options meaning yes and no: always-yes and the margin AUROC
+               calibration: Mapping[str, Mapping[str, float]] | None = None, # system -> option offsets, fitted off these items
+               calibration_label: str = 'calibrated', # how the offsets were fitted, e.g. 'calibrated: content-free'
+               paper_diffs: Mapping[tuple[str, str], float] | None = None, # (method, baseline) -> the paper's difference (points)
+               seed: int = 42,
+              ) -> pd.DataFrame: # contract rows: row, metric, ours, ci_low, ci_high, n, note
+    "Accuracy beside constant baselines, label shares, threshold-free scores, calibrated answers and two-witness verdicts."
+    by = _paired_frames(items, systems, subset)
+    gold = [str(g) for g in by[systems[0]].gold]
+    options = list(names or {}) or sorted({*gold, *(p for s in systems for p in by[s].pred if isinstance(p, str))})
+    name = lambda o: (names or {}).get(o, o)
+    rows, n = [], len(gold)
+    constants = {}   # option -> why it is a baseline
+    if yes_no: constants[yes_no[0]] = f'always-{name(yes_no[0])}'
+    if isinstance(dev_gold, Mapping) and len(dev_gold):   # pooled datasets: each item answered with its own dataset's majority
+        ds = list(by[systems[0]].dataset)
+        if set(ds) - set(dev_gold): raise ValueError(f"{subset}: no dev split for {sorted(set(ds) - set(dev_gold))}")
+        maj = {d: majority_label(g) for d, g in dev_gold.items()}
+        const = [maj[d] for d in ds]
+        a = accuracy(const, gold, seed=seed)
+        rows.append(accuracy_row(f'dev majority / {subset}', a) | dict(note='each dataset\'s most frequent dev answer: ' + ', '.join(f'{d} {name(o)}' for d, o in maj.items())))
+        best = ('dev majority', a)
+    else:
+        if len(dev_gold):
+            maj = majority_label(dev_gold)
+            k = sum(g == maj for g in dev_gold)
+            constants[maj] = '; '.join(filter(None, [constants.get(maj), f'the dev majority ({k} of {len(dev_gold)} dev items)']))
+        best = None
+    for o, why in constants.items():
+        a = constant_accuracy(o, gold, seed=seed)
+        rows.append(accuracy_row(f'always-{name(o)} / {subset}', a) | dict(note=why))
+        if best is None or a['acc'] > best[1]['acc']: best = (f'always-{name(o)}', a)
+    rows += [dict(row=f'gold / {subset}', metric=share_metric(name(o)), ours=v, n=n)
+             for o, v in label_distribution(gold, options).items()]
+    correct, scores = {}, {}
+    for s in systems:
+        pred = [p if isinstance(p, str) else None for p in by[s].pred]
+        a = accuracy(pred, gold, seed=seed)
+        correct[s] = np.array([p == g for p, g in zip(pred, gold)])
+        note = [f"{a['n_unparsed']} of {a['n']} without an answer, counted wrong"] if a['n_unparsed'] else []
+        if best is not None:
+            const, b = best
+            note.append(f"no better than {const} ({b['acc']:.1f}% [{b['lo']:.1f}, {b['hi']:.1f}])" if a['acc'] <= b['hi']
+                        else f"above {const}'s 95% CI ({b['acc']:.1f}% [{b['lo']:.1f}, {b['hi']:.1f}])")
+        rows.append(accuracy_row(f'{s} / {subset}', a) | dict(note='; '.join(note)))
+        rows += [dict(row=f'{s} / {subset}', metric=share_metric(name(o) if o != 'unreadable' else o), ours=v, n=n)
+                 for o, v in label_distribution(pred, options).items()]
+        sc = [option_scores(v) for v in by[s].option_logprobs] if 'option_logprobs' in by[s] else [None] * n
+        scores[s] = sc if all(x is not None for x in sc) else None
+        if scores[s] is None: continue   # not scored (free text): no threshold-free score, no calibration
+        lp = np.array([gold_logprob(x, g) for x, g in zip(sc, gold)])
+        lo, hi = bootstrap_ci(lp, seed=seed)
+        rows.append(ci_row(f'{s} / {subset}', GOLD_LOGPROB, float(lp.mean()), lo, hi, n,
+                           f'a uniform guess scores {math.log(1 / len(sc[0])):.3f}; certainty 0'))
+        if yes_no:
+            yn = [i for i, g in enumerate(gold) if g in yes_no]
+            au = auroc_ci([answer_margin(sc[i], *yes_no) for i in yn], [gold[i] == yes_no[0] for i in yn], seed=seed)
+            rows.append(ci_row(f'{s} / {subset}', MARGIN_AUROC, au['auroc'], au['lo'], au['hi'], au['n'],
+                               f"{au['n_positive']} '{name(yes_no[0])}' of {au['n']} yes/no items; 0.5 = no signal"))
+        if calibration and s in calibration:
+            cal = [max(x, key=x.get) for x in (apply_option_bias(x, calibration[s]) for x in sc)]
+            ca = accuracy(cal, gold, seed=seed)
+            offsets = ', '.join(f'{name(o)} {v:+.2f}' for o, v in calibration[s].items())
+            rows.append(accuracy_row(f'{s}, {calibration_label} / {subset}', ca) | dict(note=f'offsets added to the log-probabilities: {offsets}'))
+            rows += [dict(row=f'{s}, {calibration_label} / {subset}', metric=share_metric(name(o)), ours=v, n=n)
+                     for o, v in label_distribution(cal, options).items()]
+    for m, b in comparisons:
+        c = compare_paired(correct[m], correct[b], paper_diff=(paper_diffs or {}).get((m, b)), seed=seed)
+        tf = paired_gold_logprob(scores[m], scores[b], gold, seed=seed) if scores[m] and scores[b] else None
+        v, why = prior_verdict(c, tf)
+        tf_text = f"; Δ mean log p(gold) {ci_text(tf['diff'], tf['lo'], tf['hi'], 3, signed=True)} nats" if tf else ''
+        note = f"{v}: {c['note'].split(': ', 1)[1]}{tf_text}; {why}; {c['wins']} items only {m} got right, {c['losses']} only {b}"
+        rows += comparison_rows(f'{m} vs {b} / {subset}', c | dict(verdict=v), note=note)
+        if tf: rows.append(ci_row(f'{m} vs {b} / {subset}', DELTA_GOLD_LOGPROB, tf['diff'], tf['lo'], tf['hi'], tf['n'], note))
+    return pd.DataFrame(rows)
+
+# %% ../nbs/07_report.ipynb #43fa83b9
+def _value_text(d: pd.DataFrame, metric: str, digits: int) -> str:
+    if metric not in d.index or pd.isna(d.ours[metric]): return ''
+    if pd.isna(d.ci_low[metric]): return f'{d.ours[metric]:.{digits}f}'
+    return ci_text(d.ours[metric], d.ci_low[metric], d.ci_high[metric], digits, signed=metric.startswith('Δ'))
+
+def headline_view(t: pd.DataFrame, # `prior_rows` (or a table written from them): one subset or several
+                 ) -> pd.DataFrame: # one line per row label, values with their intervals as text
+    "The headline as a reader wants it: one line per system, constant or comparison, each value beside its 95% interval."
+    shares = [m for m in dict.fromkeys(t.metric) if m.startswith("answers '")]
+    lines = []
+    for row in dict.fromkeys(t.row):
+        what, subset = row_parts(row)
+        d = t[t.row == row].drop_duplicates('metric').set_index('metric')
+        note = str(d.note.get('McNemar p', d.note.get('accuracy (%)', '')) or '')
+        prior = next((x for x in note.split('; ') if x.startswith(('no better than ', 'above '))), '')
+        lines.append({'subset': subset, 'system': what,
+                      'accuracy % [95% CI]': _value_text(d, 'accuracy (%)', 1) or _value_text(d, 'Δ accuracy (points)', 1),
+                      'answers %': ' / '.join(f"{m[9:-5]} {d.ours[m]:.0f}" for m in shares if m in d.index),
+                      'mean log p(gold) [95% CI]': _value_text(d, GOLD_LOGPROB, 3) or _value_text(d, DELTA_GOLD_LOGPROB, 3),
+                      'yes−no AUROC [95% CI]': _value_text(d, MARGIN_AUROC, 2),
+                      'verdict or prior': note.split(':')[0] if 'McNemar p' in d.index else prior})
+    return pd.DataFrame(lines)
 
 # %% ../nbs/07_report.ipynb #1d4328ca
 def set_style() -> None:

@@ -18,18 +18,18 @@ from ..llm import LLM
 from ..parsing import ParsedAnswer, extract_json, parse_final_answer
 from pydantic import Field, field_validator, model_validator
 from ..config import Backend, LLMParams, SMOKE_LLM, comma_list_of
-from ..report import accuracy_row, comparison_rows
+from ..report import accuracy_row, comparison_rows, prior_rows, share_metric
 
 # %% auto #0
 __all__ = ['PARAMS', 'PROFILES', 'CATEGORIES', 'SUPPORTED', 'CLAUSE_MARKERS', 'STOPWORDS', 'ANSWER_OPTIONS', 'RATIONALE_LENGTH',
-           'ANSWER_PREFIX', 'AnswerMode', 'SUPPORT_LEVELS', 'VERIFIER_STYLES', 'LANDIS_KOCH', 'SYSTEMS', 'COMPARISONS',
-           'TABLE2_COLUMNS', 'HEADLINE_PAPER_ROWS', 'SAME_GENERATOR_IN_PAPER', 'CALL_IDENTITY', 'COST_METRICS',
-           'shot_counts', 'ReasonVerifyParams', 'normalize_label', 'faithfulness', 'rationale_verdict',
+           'ANSWER_PREFIX', 'AnswerMode', 'CONTENT_FREE', 'SUPPORT_LEVELS', 'VERIFIER_STYLES', 'LANDIS_KOCH', 'SYSTEMS',
+           'COMPARISONS', 'TABLE2_COLUMNS', 'HEADLINE_PAPER_ROWS', 'SAME_GENERATOR_IN_PAPER', 'CALL_IDENTITY',
+           'COST_METRICS', 'shot_counts', 'ReasonVerifyParams', 'normalize_label', 'faithfulness', 'rationale_verdict',
            'strip_answer_lines', 'content_words', 'segment_rationale', 'query_overlap', 'evidence_score',
            'rewrite_needed', 'Evidence', 'retrieve_evidence', 'passage_text', 'render_evidence', 'answer_lines', 'Demo',
            'render_demo', 'rationale_messages', 'vanilla_messages', 'closed_book_messages', 'parse_answer',
-           'rationale_prefix', 'answer_direct', 'answer_with_rationale', 'rewrite_messages', 'parse_rewrite',
-           'llm_rewriter', 'decision_label', 'direct_schema', 'decomposed_schema', 'direct_messages',
+           'rationale_prefix', 'answer_direct', 'answer_with_rationale', 'content_free_answers', 'rewrite_messages',
+           'parse_rewrite', 'llm_rewriter', 'decision_label', 'direct_schema', 'decomposed_schema', 'direct_messages',
            'decomposed_messages', 'parse_direct', 'parse_decomposed', 'VerifyTask', 'Verifier', 'landis_koch',
            'agreement', 'kappa_ci', 'decontaminate', 'shares_pmid', 'select_demos', 'static_order', 'faith_coverage',
            'headline_paper_values', 'headline_rows', 'answer_accuracy', 'answer_note', 'unique_calls',
@@ -374,6 +374,19 @@ def answer_with_rationale(llm: LLM, messages: list[dict], # a rationale prompt (
     pa = llm.choose_option(messages, _check_dataset(dataset), prefix=rationale_prefix(g.text))
     return row | dict(pred=pa.answer, status=pa.status, confidence=pa.confidence, logprobs=pa.logprobs)
 
+# %% ../../nbs/11_reason_verify_method.ipynb #30d7668a
+CONTENT_FREE = 'N/A'   # the content-free input: every slot of a prompt filled with it
+
+def content_free_answers(llm: LLM, dataset: str, # 'bioasq' or 'pubmedqa'
+                         max_tokens: int | None = None, # the rationale's budget, as in the headline
+                        ) -> dict[str, dict]: # system -> its scored answer (`answer_direct` / `answer_with_rationale`)
+    "Each headline system's scored answer to a content-free question with content-free documents: the prior of its prompt."
+    evidence = f'[P1] {CONTENT_FREE}'
+    return {'closed book': answer_direct(llm, closed_book_messages(CONTENT_FREE, dataset), dataset),
+            'BM25 RAG': answer_direct(llm, vanilla_messages(CONTENT_FREE, evidence, dataset), dataset),
+            'Reason and Verify': answer_with_rationale(llm, rationale_messages(CONTENT_FREE, evidence, dataset), dataset,
+                                                       max_tokens=max_tokens)}
+
 # %% ../../nbs/11_reason_verify_method.ipynb #2746043c
 def rewrite_messages(question: str) -> list[dict]:
     "Ask for a search-friendly rewrite of a biomedical question."
@@ -643,31 +656,21 @@ def headline_paper_values(paper: pd.DataFrame, # the paper's Table 2: `report.pa
     return values, diffs
 
 # %% ../../nbs/11_reason_verify_method.ipynb #c0baa911
-def headline_rows(preds: pd.DataFrame, # one row per (dataset, item_id, system): pred (None/NaN = no answer), gold
+def headline_rows(preds: pd.DataFrame, # one row per (dataset, item_id, system): pred (None/NaN = no answer), gold[, option_logprobs]
                   datasets: Sequence[str], # datasets to tabulate, in order
                   systems: Sequence[str] = SYSTEMS, comparisons: Sequence[tuple[str, str]] = COMPARISONS,
                   paper_diffs: Mapping[tuple[str, str, str], float] | None = None, # (method, baseline, dataset) -> points
+                  dev_gold: Mapping[str, Sequence[str]] | None = None, # dataset -> gold options of its dev split (majority baseline)
+                  calibration: Mapping[str, Mapping[str, Mapping[str, float]]] | None = None, # dataset -> system -> option offsets
+                  calibration_label: str = 'calibrated', # how the offsets were fitted
                   seed: int = 42,
                  ) -> pd.DataFrame: # contract rows: row, metric, ours, ci_low, ci_high, n, note
-    "Accuracy with its 95% CI per system, and per comparison on the same items: difference, paired 95% CI, McNemar p, verdict."
-    rows = []
-    for ds in datasets:
-        col, d = TABLE2_COLUMNS[ds], preds[preds.dataset == ds]
-        if d.duplicated(['item_id', 'system']).any(): raise ValueError(f"{ds}: an item has two predictions of one system")
-        ids = {s: frozenset(d.item_id[d.system == s]) for s in systems}
-        if not ids[systems[0]] or len(set(ids.values())) > 1:
-            raise ValueError(f"{ds}: the systems were not run on the same items ({ {s: len(v) for s, v in ids.items()} })")
-        order = sorted(ids[systems[0]])
-        by = {s: d[d.system == s].set_index('item_id').loc[order] for s in systems}
-        pred = {s: [p if isinstance(p, str) else None for p in by[s].pred] for s in systems}
-        correct = {s: np.array([p is not None and p == g for p, g in zip(pred[s], by[s].gold)]) for s in systems}
-        for s in systems:
-            a = accuracy(pred[s], by[s].gold, seed=seed)
-            rows.append(accuracy_row(f'{s} / {col}', a, note=f"{a['n_unparsed']} of {a['n']} without an answer, counted wrong"))
-        for m, b in comparisons:
-            c = compare_paired(correct[m], correct[b], paper_diff=(paper_diffs or {}).get((m, b, ds)), seed=seed)
-            rows += comparison_rows(f'{m} vs {b} / {col}', c, note=f"{c['note']}; {c['wins']} items only {m} got right, {c['losses']} only {b}")
-    return pd.DataFrame(rows)
+    "Per dataset, `report.prior_rows`: accuracy beside always-yes and the dev majority, label shares, gold log-probability and margin AUROC, calibrated answers, two-witness verdicts."
+    return pd.concat([prior_rows(preds[preds.dataset == ds], TABLE2_COLUMNS[ds], systems, comparisons,
+                                 dev_gold=(dev_gold or {}).get(ds, ()), names=ANSWER_OPTIONS[ds], yes_no=('A', 'B'),
+                                 calibration=(calibration or {}).get(ds), calibration_label=calibration_label,
+                                 paper_diffs={(m, b): v for (m, b, d), v in (paper_diffs or {}).items() if d == ds}, seed=seed)
+                      for ds in datasets], ignore_index=True)
 
 # %% ../../nbs/11_reason_verify_method.ipynb #242ad21b
 def answer_accuracy(answers: pd.DataFrame, # one configuration's answers: pred (None/NaN = no answer), gold; rationales also free_text_status, truncated
