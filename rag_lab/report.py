@@ -23,9 +23,9 @@ __all__ = ['PAPER_SLUGS', 'RESULT_COLUMNS', 'CSV_SIGNIFICANT_DIGITS', 'ITEM_COLU
            'printed_tolerance', 'check_against_paper', 'markdown_table', 'with_delta', 'csv_number', 'csv_text',
            'without_wall_time', 'table_digests', 'prompt_digests', 'Results', 'start_run', 'start_notebook',
            'row_parts', 'ci_row', 'accuracy_row', 'comparison_rows', 'ci_text', 'comparison_text', 'table_value',
-           'share_metric', 'option_scores', 'prior_rows', 'headline_view', 'set_style', 'scorecard', 'scorecard_text',
-           'rounded_for_reading', 'write_index', 'local_mathjax', 'item_browser', 'site_sources', 'jupyter_book',
-           'build_site']
+           'share_metric', 'option_scores', 'prior_rows', 'headline_view', 'calibration_rows', 'calibration_offsets',
+           'set_style', 'scorecard', 'scorecard_text', 'rounded_for_reading', 'write_index', 'local_mathjax',
+           'item_browser', 'site_sources', 'jupyter_book', 'build_site']
 
 # %% ../nbs/07_report.ipynb #ca90c1a0
 PAPER_SLUGS = tuple(PAPERS)   # from the registry: the papers in their order
@@ -511,6 +511,23 @@ def headline_view(t: pd.DataFrame, # `prior_rows` (or a table written from them)
                       'yes−no AUROC [95% CI]': _value_text(d, MARGIN_AUROC, 2),
                       'verdict or prior': note.split(':')[0] if 'McNemar p' in d.index else prior})
     return pd.DataFrame(lines)
+
+# %% ../nbs/07_report.ipynb #62af11c2
+def calibration_rows(offsets: Mapping[str, Mapping[str, float]], # row label '<system> / <subset>' -> option -> offset
+                     names: Mapping[str, str] | None = None, # option -> its label, for the note
+                     how: str = '', # how the offsets were fitted (the note)
+                    ) -> pd.DataFrame: # contract rows: row, metric 'offset <option>', ours, note
+    "Calibration offsets as contract rows, one per option, so that another chapter can apply them (`calibration_offsets`)."
+    return pd.DataFrame([dict(row=row, metric=f'offset {o}', ours=float(v), note='; '.join(filter(None, [(names or {}).get(o, ''), how])))
+                         for row, off in offsets.items() for o, v in off.items()], columns=['row', 'metric', 'ours', 'note'])
+
+def calibration_offsets(t: pd.DataFrame, # a table of `calibration_rows` (as written, or read from its CSV)
+                       ) -> dict[str, dict[str, float]]: # row label -> option -> offset
+    "The offsets a `calibration` table holds, by row label."
+    out: dict[str, dict[str, float]] = {}
+    for r in t[t.metric.astype(str).str.startswith('offset ')].itertuples():
+        out.setdefault(r.row, {})[r.metric.removeprefix('offset ')] = float(r.ours)
+    return out
 
 # %% ../nbs/07_report.ipynb #1d4328ca
 def set_style() -> None:
