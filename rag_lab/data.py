@@ -19,14 +19,14 @@ import threading
 import time
 
 # %% auto #0
-__all__ = ['REGISTRY', 'MIRAGE_DATASETS', 'MIRAGE_LLMS', 'MMLU_MED_SUBJECTS', 'CHECK_TAGS', 'BIOCORPUS_SOURCES', 'PUBMED_SIZE',
-           'DataError', 'DataFile', 'data_bytes', 'data_path', 'verify_all', 'load_pubmedqa', 'load_bioasq_yesno',
-           'load_mirage', 'load_mirage_predictions', 'nested_sample', 'load_medqa_raw', 'load_mmlu_med',
-           'load_scifact_corpus', 'load_scifact_claims', 'load_scifact_beir', 'load_mesh', 'load_healthver',
-           'load_covidfact', 'load_retraction_watch', 'scifact_corpus', 'RateLimiter', 'mesh_key', 'MeshVocabulary',
-           'mesh_vocabulary', 'MeshIndexer', 'mesh_prf', 'pubmedqa_abstract', 'evaluate_mesh_indexer',
-           'fitted_mesh_indexer', 'pubmedqa_documents', 'bioasq_documents', 'scifact_documents', 'biomedical_corpus',
-           'corpus_summary']
+__all__ = ['REGISTRY', 'MIRAGE_DATASETS', 'MIRAGE_LLMS', 'PUBMEDQA_OPTIONS', 'DEV_TAIL', 'DEV_SPLITS', 'MMLU_MED_SUBJECTS',
+           'CHECK_TAGS', 'BIOCORPUS_SOURCES', 'PUBMED_SIZE', 'DataError', 'DataFile', 'data_bytes', 'data_path',
+           'verify_all', 'load_pubmedqa', 'load_bioasq_yesno', 'load_mirage', 'load_mirage_predictions',
+           'nested_sample', 'test_items', 'dev_items', 'load_medqa_raw', 'load_mmlu_med', 'load_scifact_corpus',
+           'load_scifact_claims', 'load_scifact_beir', 'load_mesh', 'load_healthver', 'load_covidfact',
+           'load_retraction_watch', 'scifact_corpus', 'RateLimiter', 'mesh_key', 'MeshVocabulary', 'mesh_vocabulary',
+           'MeshIndexer', 'mesh_prf', 'pubmedqa_abstract', 'evaluate_mesh_indexer', 'fitted_mesh_indexer',
+           'pubmedqa_documents', 'bioasq_documents', 'scifact_documents', 'biomedical_corpus', 'corpus_summary']
 
 # %% ../nbs/02_data.ipynb #b8b63cc6
 class DataError(RuntimeError):
@@ -279,6 +279,63 @@ def nested_sample(df: pd.DataFrame, # evaluation items, one per row
     "paper that samples the same data with the same seed evaluates the same items, and a larger run reuses a smaller one's calls."
     perm = np.random.default_rng(seed).permutation(len(df))
     return df.iloc[perm if n is None else perm[:n]].reset_index(drop=True)
+
+# %% ../nbs/02_data.ipynb #fc14cd21
+PUBMEDQA_OPTIONS: dict[str, str] = {'A': 'yes', 'B': 'no', 'C': 'maybe'}   # MIRAGE's PubMedQA* options and letters (checked below)
+DEV_TAIL: dict[str, int] = {'bioasq': 100, 'medqa': 200, 'medmcqa': 1000, 'mmlu': 200, 'mmlu_ck': 65}   # dev = the last k of the permutation
+DEV_SPLITS: dict[str, str] = {   # dataset -> what its dev split is
+    'bioasq': f"the last {DEV_TAIL['bioasq']} of the seeded permutation of MIRAGE's 618 BioASQ-Y/N questions (the mirror has no BioASQ training split)",
+    'pubmedqa': "PQA-L's 500 training questions (load_pubmedqa('train')) in MIRAGE's format; PubMedQA* is PQA-L's official test set, so no article is in both",
+    'medqa': f"the last {DEV_TAIL['medqa']} of the seeded permutation of MIRAGE's 1,273 MedQA-US test questions (the mirror has no MedQA training split)",
+    'medmcqa': f"the last {DEV_TAIL['medmcqa']:,} of the seeded permutation of MIRAGE's 4,183 MedMCQA questions (its dev set; no training split in the mirror)",
+    'mmlu': f"the last {DEV_TAIL['mmlu']} of the seeded permutation of MIRAGE's 1,089 MMLU-Med test questions (MMLU's dev and validation splits are not in the mirror)",
+    'mmlu_ck': f"the last {DEV_TAIL['mmlu_ck']} of the seeded permutation of MMLU-Med's 265 clinical-knowledge questions, sampled on their own (PubMed Reasoner)",
+}
+
+# %% ../nbs/02_data.ipynb #c24527d6
+_SUBSETS = {'mmlu_ck': ('mmlu', 'clinical_knowledge-')}   # a subject sampled on its own: (MIRAGE dataset, id prefix)
+
+def _split_frame(dataset: str) -> pd.DataFrame:
+    "The items a dataset's headline and tail dev split are drawn from, in file order."
+    if dataset not in DEV_SPLITS: raise ValueError(f"no dev split is declared for {dataset!r}; choose from {', '.join(DEV_SPLITS)}")
+    if dataset not in _SUBSETS: return load_mirage(dataset)
+    base, prefix = _SUBSETS[dataset]
+    return load_mirage(base).loc[lambda d: d.id.str.startswith(prefix)].reset_index(drop=True)
+
+def _pubmedqa_dev_frame() -> pd.DataFrame:
+    "PQA-L train as MIRAGE items: id = pmid, question, options A yes / B no / C maybe, answer letter, pmids = [pmid]."
+    tr, letter = load_pubmedqa('train'), {v: k for k, v in PUBMEDQA_OPTIONS.items()}
+    return pd.DataFrame(dict(id=tr.pmid.astype(str), question=tr.question, options=[dict(PUBMEDQA_OPTIONS) for _ in range(len(tr))],
+                             answer=tr.answer.map(letter), pmids=[[str(p)] for p in tr.pmid]))
+
+# %% ../nbs/02_data.ipynb #47f155d7
+def test_items(dataset: str, # a key of DEV_SPLITS: a MIRAGE dataset, or 'mmlu_ck'
+               n: int | None, # headline items (0: none); None: the whole headline pool
+               seed: int = 42,
+              ) -> pd.DataFrame: # MIRAGE items: id, question, options, answer, pmids
+    "The headline items: the first `n` of `nested_sample`'s seeded permutation, never its dev tail (`DEV_SPLITS`)."
+    df = _split_frame(dataset)
+    pool = len(df) - DEV_TAIL.get(dataset, 0)   # PubMedQA's dev split is a separate set: its pool is all 500
+    if n is not None and not 0 <= n <= pool:
+        raise ValueError(f"{dataset}: n={n} headline items asked, but its headline pool holds {pool} of {len(df)} "
+                         f"(0 <= n <= {pool}); the rest is its dev split: {DEV_SPLITS[dataset]}")
+    return nested_sample(df, pool if n is None else n, seed)
+
+test_items.__test__ = False   # a data function, not a test: pytest must not collect it where it is imported
+
+# %% ../nbs/02_data.ipynb #0295f620
+def dev_items(dataset: str, # a key of DEV_SPLITS
+              seed: int = 42,
+              n: int | None = None, # the first n of the dev split; None: all of it
+             ) -> pd.DataFrame: # MIRAGE items: id, question, options, answer, pmids
+    "The declared dev split in MIRAGE's format: the permutation's tail in its order, or PQA-L train in a seeded permutation."
+    if dataset == 'pubmedqa': dev = nested_sample(_pubmedqa_dev_frame(), None, seed)
+    else:
+        df = _split_frame(dataset)
+        dev = nested_sample(df, None, seed).iloc[len(df) - DEV_TAIL[dataset]:].reset_index(drop=True)
+    if n is not None and not 0 <= n <= len(dev):
+        raise ValueError(f"{dataset}: n={n} dev items asked, but its dev split holds {len(dev)}: {DEV_SPLITS[dataset]}")
+    return dev if n is None else dev.iloc[:n].reset_index(drop=True)
 
 # %% ../nbs/02_data.ipynb #eca2c4ab
 MMLU_MED_SUBJECTS = ('anatomy', 'clinical_knowledge', 'college_biology', 'college_medicine', 'medical_genetics',

@@ -14,7 +14,7 @@ from rag_lab.papers.rag2 import (PARAMS, PROFILES, RAG2_SYSTEMS, MiniLMFilter, M
                                  filter_report, format_mcq, helpful_threshold, make_query, out_of_fold_proba,
                                  paired_accuracy_rows, parse_mcq_answer, ppl_labels, rag2_prompt, query_rationale_messages,
                                  rationale_ppl, retrieve, run_compute)
-from rag_lab.data import nested_sample
+from rag_lab.data import DEV_TAIL, dev_items, load_mirage, nested_sample
 from rag_lab.metrics import compare_paired
 from rag_lab.config import resolve_params, parse_param
 import pandas as pd
@@ -210,27 +210,27 @@ def test_query_variants():
     assert make_query(Q, OPTS, 'r', 'question+rationale').endswith('\nr')
 
 
-@settings(max_examples=80, deadline=None)
-@given(st.integers(2, 60), st.data())
-def test_eval_train_split_is_nested_leak_free_and_stable(size, data):
-    "Evaluation = the nested sample every paper sees; training never meets it, and does not move when n_eval grows."
-    n_train = data.draw(st.integers(0, size - 1))
-    n_eval = data.draw(st.integers(1, size - n_train))
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_eval_train_split_is_nested_leak_free_and_stable(data):
+    "Evaluation = the headline items every paper sees; training = the end of MedMCQA's declared dev split, never among them."
+    n_train = data.draw(st.integers(0, DEV_TAIL['medmcqa']))
+    n_eval = data.draw(st.integers(0, 4183 - DEV_TAIL['medmcqa']))
     seed = data.draw(st.integers(0, 2**32 - 1))
-    df = pd.DataFrame({'id': [f'q{i}' for i in range(size)]})
-    ev, tr = eval_train_split(df, n_eval, n_train, seed)
-    assert ev.id.tolist() == nested_sample(df, n_eval, seed).id.tolist()
-    assert len(tr) == n_train and not set(ev.id) & set(tr.id)
-    ev_all, tr_all = eval_train_split(df, None, n_train, seed)   # the largest evaluation set still excludes training
-    assert tr_all.id.tolist() == tr.id.tolist() and len(ev_all) + len(tr_all) == size
-    assert ev_all.id.tolist()[:n_eval] == ev.id.tolist()         # nested
+    ev, tr = eval_train_split('medmcqa', n_eval, n_train, seed)
+    perm = nested_sample(load_mirage('medmcqa'), None, seed)
+    assert ev.id.tolist() == perm.id[:n_eval].tolist()                       # the nested sample every paper sees
+    assert tr.id.tolist() == perm.id[len(perm) - n_train:].tolist()          # the end of the permutation, as before the dev split
+    assert set(tr.id) <= set(dev_items('medmcqa', seed).id) and not set(ev.id) & set(tr.id)
+    ev_all, tr_all = eval_train_split('medmcqa', None, n_train, seed)   # the largest evaluation set still excludes training
+    assert tr_all.id.tolist() == tr.id.tolist() and len(ev_all) == 4183 - DEV_TAIL['medmcqa']
+    assert ev_all.id.tolist()[:n_eval] == ev.id.tolist()                     # nested
 
 
 def test_eval_train_split_refuses_impossible_sizes():
-    df = pd.DataFrame({'id': range(10)})
-    with pytest.raises(ValueError, match='exceed'): eval_train_split(df, 8, 3)
-    with pytest.raises(ValueError, match='leave none'): eval_train_split(df, 1, 10)
-    with pytest.raises(ValueError, match='>= 0'): eval_train_split(df, 1, -1)
+    with pytest.raises(ValueError, match='headline pool holds 3183'): eval_train_split('medmcqa', 3184, 3)
+    with pytest.raises(ValueError, match="dev split, which holds 1000"): eval_train_split('medmcqa', 1, 1001)
+    with pytest.raises(ValueError, match="dev split, which holds 1000"): eval_train_split('medmcqa', 1, -1)
 
 
 # ---------------------------------------------------------------- the paper's seq2seq filter path (tiny random T5)

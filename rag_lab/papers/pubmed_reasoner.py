@@ -36,7 +36,7 @@ __all__ = ['PARAMS', 'PROFILES', 'Verdict', 'Short', 'TermText', 'Concepts', 'Ve
 class PubmedReasonerParams(LLMParams):
     "PubMed Reasoner (paper 5). `n`: headline PubMedQA* questions (the shared nested sample; None = all 500)."
     answer_mode: Literal['scored', 'free_text'] = Field('scored', description="headline answers: 'scored' = the option most likely after the response (choose_option); 'free_text' = its FINAL ANSWER line, parsed")
-    n_mmlu: int | None = Field(None, ge=0, le=100_000, description="MMLU clinical-knowledge questions (secondary); None = all 265, 0 = none")
+    n_mmlu: int | None = Field(None, ge=0, le=100_000, description="MMLU clinical-knowledge questions (secondary); None = the headline pool (200 of the 265: the last 65 are the dev split), 0 = none")
     n_free_text: int | None = Field(None, ge=0, le=100_000, description="the first headline items (at most n) on which closed book and plain RAG also write a response (free-text protocol); None = all")
     n_secondary: int | None = Field(None, ge=0, le=100_000, description="the first headline items (at most n) for self-reflection, the pairwise judge and Table 6's variants; None = all, 0 = none")
     batch_size: int = Field(5, ge=1, le=100, description="m: articles read per call in Stage 2")

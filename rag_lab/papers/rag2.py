@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 from ..retrieval import BM25Index, DenseIndex, Reranker, SentenceTransformerEncoder, rrf, IndexReranker
 from ..text import Corpus, Document, sliding_windows
-from ..data import nested_sample
+from ..data import DEV_SPLITS, dev_items, test_items
 from ..metrics import bootstrap_ci, accuracy, compare_paired
 from ..parsing import ParsedAnswer, parse_answer_statement, parse_mcq_answer, parse_option
 from ..config import quiet_loading, LLMParams, SMOKE_LLM, comma_list_of
@@ -511,19 +511,18 @@ def rag2_prompt(filt, # a fitted filter
     return answer_messages(question, options, [text_of[d] for d in kept]), kept, fallback
 
 # %% ../../nbs/31_rag2_method.ipynb #7d39aa4b
-def eval_train_split(df: pd.DataFrame, # a dataset, one row per question
-                     n_eval: int | None, # evaluation questions: `nested_sample(df, n_eval, seed)`; None = all but the training ones
-                     n_train: int, # training questions, taken from the end of the same permutation
+def eval_train_split(dataset: str, # a dataset with a declared dev split (`rag_lab.data.DEV_SPLITS`); the chapter's: 'medmcqa'
+                     n_eval: int | None, # evaluation questions: `test_items(dataset, n_eval, seed)`; None = the whole headline pool
+                     n_train: int, # training questions: the last `n_train` of `dev_items(dataset, seed)`, the end of the permutation
                      seed: int = 42,
                     ) -> tuple[pd.DataFrame, pd.DataFrame]: # (evaluation, training), disjoint
-    "Evaluation questions as every paper samples them, and training questions that can never be among them."
-    if n_train < 0: raise ValueError(f"n_train must be >= 0, got {n_train}")
-    if n_train >= len(df): raise ValueError(f"{n_train} training questions leave none of {len(df)} to evaluate")
-    free = len(df) - n_train
-    if n_eval is not None and n_eval > free:
-        raise ValueError(f"{n_eval} evaluation + {n_train} training questions exceed the {len(df)} available")
-    perm = nested_sample(df, None, seed)
-    return perm.iloc[:free if n_eval is None else n_eval].reset_index(drop=True), perm.iloc[free:].reset_index(drop=True)
+    "Evaluation questions as every paper samples them, and training questions from the declared dev split, which they never reach."
+    dev = dev_items(dataset, seed)
+    if not 0 <= n_train <= len(dev):
+        raise ValueError(f"n_train={n_train}: training questions come from {dataset}'s dev split, which holds {len(dev)} "
+                         f"(0 <= n_train <= {len(dev)}): {DEV_SPLITS[dataset]}")
+    # the last n_train: the positions this split took before the dev split was declared, so recorded calls replay
+    return test_items(dataset, n_eval, seed), dev.iloc[len(dev) - n_train:].reset_index(drop=True)
 
 # %% ../../nbs/31_rag2_method.ipynb #5e4f1aa8
 def paired_accuracy_rows(items: pd.DataFrame, # one row per (dataset, item_id, system), with a boolean `correct`
