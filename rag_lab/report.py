@@ -415,6 +415,7 @@ def prior_rows(items: pd.DataFrame, # one subset's answers: item_id, system, pre
                yes_no: tuple[str, str] | None = None, # the options meaning yes and no: always-yes and the margin AUROC
                calibration: Mapping[str, Mapping[str, float]] | None = None, # system -> option offsets, fitted off these items
                calibration_label: str = 'calibrated', # how the offsets were fitted, e.g. 'calibrated: content-free'
+               calibrations: Mapping[str, Mapping[str, Mapping[str, float]]] | None = None, # more: label -> system -> offsets
                paper_diffs: Mapping[tuple[str, str], float] | None = None, # (method, baseline) -> the paper's difference (points)
                seed: int = 42,
               ) -> pd.DataFrame: # contract rows: row, metric, ours, ci_low, ci_high, n, note
@@ -471,12 +472,13 @@ def prior_rows(items: pd.DataFrame, # one subset's answers: item_id, system, pre
             au = auroc_ci([answer_margin(sc[i], *yes_no) for i in yn], [gold[i] == yes_no[0] for i in yn], seed=seed)
             rows.append(ci_row(f'{s} / {subset}', MARGIN_AUROC, au['auroc'], au['lo'], au['hi'], au['n'],
                                f"{au['n_positive']} '{name(yes_no[0])}' of {au['n']} yes/no items; 0.5 = no signal"))
-        if calibration and s in calibration:
-            cal = [max(x, key=x.get) for x in (apply_option_bias(x, calibration[s]) for x in sc)]
+        for label, cals in [(calibration_label, calibration or {}), *(calibrations or {}).items()]:
+            if s not in cals: continue
+            cal = [max(x, key=x.get) for x in (apply_option_bias(x, cals[s]) for x in sc)]
             ca = accuracy(cal, gold, seed=seed)
-            offsets = ', '.join(f'{name(o)} {v:+.2f}' for o, v in calibration[s].items())
-            rows.append(accuracy_row(f'{s}, {calibration_label} / {subset}', ca) | dict(note=f'offsets added to the log-probabilities: {offsets}'))
-            rows += [dict(row=f'{s}, {calibration_label} / {subset}', metric=share_metric(name(o)), ours=v, n=n)
+            offsets = ', '.join(f'{name(o)} {v:+.2f}' for o, v in cals[s].items())
+            rows.append(accuracy_row(f'{s}, {label} / {subset}', ca) | dict(note=f'offsets added to the log-probabilities: {offsets}'))
+            rows += [dict(row=f'{s}, {label} / {subset}', metric=share_metric(name(o)), ours=v, n=n)
                      for o, v in label_distribution(cal, options).items()]
     for m, b in comparisons:
         c = compare_paired(correct[m], correct[b], paper_diff=(paper_diffs or {}).get((m, b)), seed=seed)
@@ -515,19 +517,21 @@ def headline_view(t: pd.DataFrame, # `prior_rows` (or a table written from them)
 # %% ../nbs/07_report.ipynb #62af11c2
 def calibration_rows(offsets: Mapping[str, Mapping[str, float]], # row label '<system> / <subset>' -> option -> offset
                      names: Mapping[str, str] | None = None, # option -> its label, for the note
-                     how: str = '', # how the offsets were fitted (the note)
-                    ) -> pd.DataFrame: # contract rows: row, metric 'offset <option>', ours, note
+                     kind: str = 'content-free', # how the offsets were fitted: 'content-free', 'dev', ...
+                    ) -> pd.DataFrame: # contract rows: row, metric 'offset <option> (<kind>)', ours, note
     "Calibration offsets as contract rows, one per option, so that another chapter can apply them (`calibration_offsets`)."
-    return pd.DataFrame([dict(row=row, metric=f'offset {o}', ours=float(v), note='; '.join(filter(None, [(names or {}).get(o, ''), how])))
+    return pd.DataFrame([dict(row=row, metric=f'offset {o} ({kind})', ours=float(v), note=(names or {}).get(o, ''))
                          for row, off in offsets.items() for o, v in off.items()], columns=['row', 'metric', 'ours', 'note'])
 
 def calibration_offsets(t: pd.DataFrame, # a table of `calibration_rows` (as written, or read from its CSV)
+                        kind: str = 'content-free', # which offsets
                        ) -> dict[str, dict[str, float]]: # row label -> option -> offset
-    "The offsets a `calibration` table holds, by row label."
+    "The offsets of one kind a `calibration` table holds, by row label."
     out: dict[str, dict[str, float]] = {}
-    for r in t[t.metric.astype(str).str.startswith('offset ')].itertuples():
-        out.setdefault(r.row, {})[r.metric.removeprefix('offset ')] = float(r.ours)
+    for r in t.itertuples():
+        if (m := re.fullmatch(r'offset (\S+) \((.+)\)', str(r.metric))) and m[2] == kind: out.setdefault(r.row, {})[m[1]] = float(r.ours)
     return out
+
 
 # %% ../nbs/07_report.ipynb #1d4328ca
 def set_style() -> None:

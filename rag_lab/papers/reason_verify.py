@@ -53,6 +53,8 @@ class ReasonVerifyParams(LLMParams):
                  "the secondary cells (verification, agreement, Table 3), at most n; None = every headline item")
     n_context: int | None = Field(0, ge=0, le=1_000_000, description="verified rationales per dataset also verified with "
                  "only the top-j passages, j < rerank_m (CONTEXT-j), at most n_secondary; None = every verified rationale")
+    n_dev: int = Field(100, ge=0, le=100, description="dev items per dataset (`data.dev_items`) the closed book answers to fit "
+                 "its dev calibration, the cross-paper chapter's shared calibrated closed book (scored answers only); 0: none")
     shots: str = Field('0,1,2,3,4', description="demonstration counts k of Table 3, comma-separated (paper: 0-4)")
     bm25_k: int = Field(20, ge=1, le=1000)
     rerank_m: int = Field(5, ge=1, le=100)
@@ -86,7 +88,7 @@ class ReasonVerifyParams(LLMParams):
 
 PARAMS = ReasonVerifyParams
 PROFILES: dict[str, dict] = {
-    'smoke': dict(n=2, n_secondary=1, n_context=1, shots='0,1', rerank_m=2, passage_words=30, **{**SMOKE_LLM, 'max_tokens': 64}),
+    'smoke': dict(n=2, n_secondary=1, n_context=1, n_dev=2, shots='0,1', rerank_m=2, passage_words=30, **{**SMOKE_LLM, 'max_tokens': 64}),
     'default': dict(n=150, n_secondary=50, n_context=0, shots='0', max_tokens=144, passage_words=50),
     'paper': dict(n=None, n_secondary=None, n_context=50, shots='0,1,2,3,4', reranker='bge', backend='transformers',
                   model='meta-llama/Meta-Llama-3-8B-Instruct', verifier_backend='openai', verifier_model='gpt-4o')}   # profile -> the values it sets
@@ -661,14 +663,13 @@ def headline_rows(preds: pd.DataFrame, # one row per (dataset, item_id, system):
                   systems: Sequence[str] = SYSTEMS, comparisons: Sequence[tuple[str, str]] = COMPARISONS,
                   paper_diffs: Mapping[tuple[str, str, str], float] | None = None, # (method, baseline, dataset) -> points
                   dev_gold: Mapping[str, Sequence[str]] | None = None, # dataset -> gold options of its dev split (majority baseline)
-                  calibration: Mapping[str, Mapping[str, Mapping[str, float]]] | None = None, # dataset -> system -> option offsets
-                  calibration_label: str = 'calibrated', # how the offsets were fitted
+                  calibrations: Mapping[str, Mapping[str, Mapping[str, Mapping[str, float]]]] | None = None, # label -> dataset -> system -> offsets
                   seed: int = 42,
                  ) -> pd.DataFrame: # contract rows: row, metric, ours, ci_low, ci_high, n, note
     "Per dataset, `report.prior_rows`: accuracy beside always-yes and the dev majority, label shares, gold log-probability and margin AUROC, calibrated answers, two-witness verdicts."
     return pd.concat([prior_rows(preds[preds.dataset == ds], TABLE2_COLUMNS[ds], systems, comparisons,
                                  dev_gold=(dev_gold or {}).get(ds, ()), names=ANSWER_OPTIONS[ds], yes_no=('A', 'B'),
-                                 calibration=(calibration or {}).get(ds), calibration_label=calibration_label,
+                                 calibrations={label: by_ds.get(ds, {}) for label, by_ds in (calibrations or {}).items()},
                                  paper_diffs={(m, b): v for (m, b, d), v in (paper_diffs or {}).items() if d == ds}, seed=seed)
                       for ds in datasets], ignore_index=True)
 
