@@ -13,7 +13,7 @@ __all__ = ['PAPERS', 'CHAPTERS', 'Paper', 'get_paper']
 # %% ../../nbs/index.ipynb #b51f4e89
 @dataclass(frozen=True)
 class Paper:
-    "One paper: its slug, what to call it, and where its chapter, method notebooks and module are."
+    "One paper: its slug, what to call it, where its chapter, method notebooks and module are, and which results the README quotes."
     slug: str                 # e.g. 'reason_verify'
     title: str                # short title
     notebook: str             # the chapter papermill runs (nbs/)
@@ -21,6 +21,7 @@ class Paper:
     datasets: str             # what it evaluates on
     kind: str = 'paper'       # 'paper', or 'comparison' for a chapter across papers
     needs: tuple[str, ...] = ()   # chapters whose published outputs it reads (the runner runs it after them)
+    claims: tuple[tuple[str, str, str], ...] = ()   # headline comparisons the README quotes: (table stem, row label, metric)
 
     @property
     def module(self) -> str: return f'rag_lab.papers.{self.slug}'
@@ -42,20 +43,37 @@ class Paper:
 # %% ../../nbs/index.ipynb #5335b5b4
 PAPERS: dict[str, Paper] = {p.slug: p for p in [
     Paper('reason_verify', 'Reason and Verify: rationales + 8-category statement verification', '10_reason_verify.ipynb',
-          ('11_reason_verify_method.ipynb',), 'BioASQ-Y/N, PubMedQA*'),
+          ('11_reason_verify_method.ipynb',), 'BioASQ-Y/N, PubMedQA*',
+          claims=(('headline', 'Reason and Verify vs BM25 RAG / BioASQ-Y/N', 'Δ accuracy (points)'),
+                  ('headline', 'Reason and Verify vs BM25 RAG / PubMedQA*', 'Δ accuracy (points)'),
+                  ('headline', 'BM25 RAG vs closed book / PubMedQA*', 'Δ accuracy (points)'))),
     Paper('claim_aware', 'Claim-aware scientific RAG: retrieval, evidence sentences, abstention', '20_claim_aware.ipynb',
           ('21_claim_aware_method.ipynb',), 'SciFact'),
     Paper('rag2', 'RAG²: rationale queries, balanced multi-corpus retrieval, perplexity-labelled filter', '30_rag2.ipynb',
-          ('31_rag2_method.ipynb',), 'MedQA, MedMCQA, MMLU-Med'),
+          ('31_rag2_method.ipynb',), 'MedQA, MedMCQA, MMLU-Med',
+          claims=(('headline', 'RAG² vs closed book / all three (pooled)', 'Δ accuracy (points)'),
+                  ('headline', 'RAG² vs standard RAG / all three (pooled)', 'Δ accuracy (points)'))),
     Paper('verirag', 'VERIRAG: Veritable audit, Hard-to-Vary score, dynamic threshold', '40_verirag.ipynb',
-          ('41_verirag_hv.ipynb', '42_verirag_method.ipynb'), 'SciFact, HealthVer, COVID-Fact claims'),
+          ('41_verirag_hv.ipynb', '42_verirag_method.ipynb'), 'SciFact, HealthVer, COVID-Fact claims',
+          claims=(('headline', 'VERIRAG vs COT-RAG / all', 'Δ macro-F1'),
+                  ('headline', 'VERIRAG vs Self-RAG / all', 'Δ macro-F1'),
+                  ('headline', 'VERIRAG vs FLARE / all', 'Δ macro-F1'),
+                  ('headline', 'VERIRAG vs CIBER / all', 'Δ macro-F1'))),
     Paper('pubmed_reasoner', 'PubMed Reasoner: MeSH self-critic search, reflective retrieval, cited answers', '50_pubmed_reasoner.ipynb',
-          ('51_pubmed_reasoner_eutils.ipynb', '52_pubmed_reasoner_method.ipynb'), 'PubMedQA, MMLU clinical knowledge'),
+          ('51_pubmed_reasoner_eutils.ipynb', '52_pubmed_reasoner_method.ipynb'), 'PubMedQA, MMLU clinical knowledge',
+          claims=(('headline', 'PubMed Reasoner vs closed book / PubMedQA', 'Δ accuracy (points)'),
+                  ('headline', 'PubMed Reasoner vs plain RAG / PubMedQA', 'Δ accuracy (points)'),
+                  ('headline', 'PubMed Reasoner vs no self-critic / PubMedQA', 'Δ accuracy (points)'),
+                  ('headline', 'PubMed Reasoner vs no reflection / PubMedQA', 'Δ accuracy (points)'))),
 ]}
 
 CHAPTERS: dict[str, Paper] = {**PAPERS, 'comparison': Paper(   # every chapter the runner runs: the papers, then chapters across them
     'comparison', 'Across the papers: five systems on the same PubMedQA* items', '60_comparison.ipynb', ('61_comparison_method.ipynb',),
-    'PubMedQA* (the papers\' shared items)', kind='comparison', needs=('reason_verify', 'rag2', 'pubmed_reasoner'))}
+    'PubMedQA* (the papers\' shared items)', kind='comparison', needs=('reason_verify', 'rag2', 'pubmed_reasoner'),
+    claims=(('cross_paper', 'PubMed Reasoner', 'Δ vs closed book (points)'),
+            ('cross_paper', 'PubMed Reasoner', 'Δ vs plain RAG (BM25) (points)'),
+            ('cross_paper', 'RAG²', 'Δ vs closed book (points)'),
+            ('cross_paper', 'RAG²', 'Δ vs plain RAG (BM25) (points)')))}
 
 def get_paper(slug: str, # a chapter slug
              ) -> Paper:
