@@ -8,7 +8,8 @@ from rag_lab.eutils import FIELD_TAGS, LocalEutilsServer, LocalPubMed, PubMedCli
 from dataclasses import replace
 import numpy as np
 from rag_lab.papers.pubmed_reasoner import (AgentConfig, Question, ScriptedLLM, audit_citations, closed_book, gold_rank, justification,
-                                            no_reflection, plain_rag, pubmed_reasoner, question_query, ratio_ci, read_final_answer)
+                                            no_reflection, plain_rag, pubmed_reasoner, question_query, ratio_ci, read_final_answer,
+                                            CONTENT_FREE, content_free_question)
 from rag_lab.text import tokenize
 from rag_lab.text import Corpus, Document
 
@@ -340,6 +341,19 @@ def test_direct_baselines_write_no_response_unless_free_text(client):
         cb, pr = closed_book(llm, QUESTION, cfg), plain_rag(llm, client, QUESTION, cfg)
         assert (cb.raw == '', pr.raw == '') == ((True, True) if mode == 'scored' else (False, False))
         assert cb.answer == pr.answer == 'A' and pr.retrieved == ['101', '102'][:len(pr.retrieved)] and pr.searches == 1
+
+def test_content_free_question_and_plain_rags_empty_search(client):
+    cf = content_free_question(PQ)
+    assert (cf.text, cf.options, cf.max_year, cf.exclude_pmids) == (CONTENT_FREE, PQ, None, ())
+    assert set(content_free_question({'A': 'fever', 'B': 'rash'}, blank_options=True).options.values()) == {CONTENT_FREE}
+    # 'N/A' has no content word: plain RAG searches nothing and answers from no evidence, with the closed book's very call
+    llm = ScriptedLLM(_agent_script(dict(round=0)), chooser=lambda prompt, prefix: 'B')
+    pr, cb = plain_rag(llm, client, cf, AgentConfig(top_k=2)), closed_book(llm, cf, AgentConfig(top_k=2))
+    assert (pr.queries, pr.searches, pr.retrieved, pr.evidence, pr.stop_reason) == ([], 0, [], [], 'no content words to search')
+    keys = [r.key for r in llm.ledger.records]
+    assert len(keys) == 2 and keys[0] == keys[1] and pr.scored.logprobs == cb.scored.logprobs and pr.answer == 'B'
+    ok = plain_rag(llm, client, QUESTION, AgentConfig(top_k=2))   # a question with content words still searches
+    assert ok.searches == 1 and ok.queries and ok.stop_reason == ''
 
 def test_audit_without_citations_is_not_grounded():
     a = audit_citations('Yes, definitely.', ['1'], ['1'])

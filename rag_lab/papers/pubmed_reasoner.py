@@ -21,16 +21,17 @@ from ..text import split_sentences, tokenize
 
 # %% auto #0
 __all__ = ['PARAMS', 'PROFILES', 'Verdict', 'Short', 'TermText', 'Concepts', 'Verdicts', 'PmidText', 'SYSTEM', 'FINAL',
-           'ANSWER_SYSTEM', 'LEAN', 'AXES', 'PubmedReasonerParams', 'Question', 'cited_pmids', 'statements',
-           'audit_citations', 'relax_query', 'PubMedSession', 'article_text', 'fit_articles', 'question_query',
-           'MeshCandidate', 'MeshCandidates', 'QueryPlan', 'TermCritique', 'Critique', 'Keep', 'EvidenceItem',
-           'BatchReading', 'Summary', 'Reflection', 'Calls', 'mesh_candidates_messages', 'query_plan_messages',
-           'critique_messages', 'filter_messages', 'read_messages', 'summary_messages', 'reflection_messages',
-           'paper_summary_messages', 'answer_messages', 'direct_messages', 'justification', 'read_final_answer',
-           'AgentConfig', 'RunResult', 'respond', 'answer_directly', 'closed_book', 'critique_tokens', 'align_critique',
-           'plan_query', 'self_critic_search', 'reading_tokens', 'reflective_retrieval', 'summarize', 'pubmed_reasoner',
-           'no_reflection', 'plain_rag', 'self_reflection', 'context_variant', 'ScriptedLLM', 'ratio_ci', 'gold_rank',
-           'estimated_seconds', 'AxisScores', 'PairJudgement', 'judge_messages', 'judge_pair', 'win_tie_loss']
+           'ANSWER_SYSTEM', 'LEAN', 'CONTENT_FREE', 'AXES', 'PubmedReasonerParams', 'Question', 'cited_pmids',
+           'statements', 'audit_citations', 'relax_query', 'PubMedSession', 'article_text', 'fit_articles',
+           'question_query', 'MeshCandidate', 'MeshCandidates', 'QueryPlan', 'TermCritique', 'Critique', 'Keep',
+           'EvidenceItem', 'BatchReading', 'Summary', 'Reflection', 'Calls', 'mesh_candidates_messages',
+           'query_plan_messages', 'critique_messages', 'filter_messages', 'read_messages', 'summary_messages',
+           'reflection_messages', 'paper_summary_messages', 'answer_messages', 'direct_messages', 'justification',
+           'read_final_answer', 'AgentConfig', 'RunResult', 'respond', 'answer_directly', 'closed_book',
+           'critique_tokens', 'align_critique', 'plan_query', 'self_critic_search', 'reading_tokens',
+           'reflective_retrieval', 'summarize', 'pubmed_reasoner', 'no_reflection', 'plain_rag', 'self_reflection',
+           'context_variant', 'ScriptedLLM', 'content_free_question', 'ratio_ci', 'gold_rank', 'estimated_seconds',
+           'AxisScores', 'PairJudgement', 'judge_messages', 'judge_pair', 'win_tie_loss']
 
 # %% ../../nbs/52_pubmed_reasoner_method.ipynb #3a8759df
 class PubmedReasonerParams(LLMParams):
@@ -557,11 +558,11 @@ def no_reflection(llm: LLM, client: PubMedClient, q: Question, cfg: AgentConfig 
     return _finish(res, llm, q, session, _passages(arts, cfg.read_chars), cfg)
 
 def plain_rag(llm: LLM, client: PubMedClient, q: Question, cfg: AgentConfig = AgentConfig()) -> RunResult:
-    "The question as the query, its top `top_k` abstracts, a direct answer."
+    "The question as the query, its top `top_k` abstracts, a direct answer; a question without content words searches nothing."
     res, session = RunResult('plain RAG', q.qid), PubMedSession(client, q, relax_empty=False)  # ORed words: nothing to relax
-    query = question_query(q.text)
-    res.queries.append(query)
-    arts = session.retrieve(query, cfg.top_k)
+    try: res.queries.append(question_query(q.text))
+    except QuerySyntaxError: res.stop_reason = 'no content words to search'   # the content-free 'N/A': no records, as a zero-hit search
+    arts = session.retrieve(res.queries[0], cfg.top_k) if res.queries else []
     res.evidence = [(a.pmid, a.abstract) for a in arts]
     return _finish(res, llm, q, session, _passages(arts, cfg.read_chars), cfg, direct=True)
 
@@ -628,6 +629,15 @@ class ScriptedLLM(LLM):
         else: best = (m[1] if (m := re.search(r'FINAL ANSWER:\s*([A-Z])', self.reply(prompt))) else None)
         return dict(logprobs=[0.0 if o.strip() == best else -2.0 for o in options], n_tokens=[1] * len(options),
                     context_tokens=len(prompt) // 4)
+
+# %% ../../nbs/52_pubmed_reasoner_method.ipynb #336aab91
+CONTENT_FREE = 'N/A'   # the content-free input: the question's text (and a multiple-choice question's option texts)
+
+def content_free_question(options: dict[str, str], # the dataset's options, letter -> text
+                          blank_options: bool = False, # True: every option text becomes CONTENT_FREE too (multiple choice)
+                         ) -> Question:
+    "The content-free question: `N/A` as its text, the options kept (yes / no / maybe) or blanked, no date limit, nothing excluded, no gold."
+    return Question('content-free', CONTENT_FREE, {k: CONTENT_FREE if blank_options else v for k, v in options.items()}, gold='')
 
 # %% ../../nbs/52_pubmed_reasoner_method.ipynb #6a5eced9
 def ratio_ci(num: Sequence[float], # per item: e.g. supported citations
