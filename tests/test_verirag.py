@@ -3,7 +3,7 @@ import json, math, re
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 from rag_lab.calls import LLMCache, Ledger
 from rag_lab.llm import LLM
@@ -11,10 +11,12 @@ from rag_lab.metrics import metrics_from_confusion
 from rag_lab.report import ITEM_COLUMNS
 from rag_lab.papers.verirag_hv import (ALPHA_GRID, CHECK_IDS, K, BoldnessModel, HVParams, PaperAudit, accept, audit_vectors, calibrate,
     chunk_redundancy, claim_features, classification_summary, effective_contribution, grades_to_audit, hv_score, judge_agreement, log_odds,
-    paired_f1_difference, paper_quality, prediction_summary, score_claim, sigmoid, tallies, tau_auto)
-from rag_lab.papers.verirag import (JUSTIFICATION_CHARS, ClaimCase, ClaimFeatures, EvidencePaper, PaperMethods, ProbeAnswer, VeriragParams,
-    audit_claim, audit_methods, audit_status, check_pass_rates, claim_items, first_per_set, claim_cases, compare_rows, compare_verdicts, predicted_valid,
-    run_baseline, score_rows, score_verdicts, stance_confusion, temporal_scenarios, verirag_scores, verirag_verdicts)
+    paired_auroc_difference, paired_f1_difference, paper_quality, prediction_summary, prevalence_macro_f1, score_claim, sigmoid, tallies, tau_auto)
+from rag_lab.papers.verirag import (ANSWERS_VALID, AUROC, CALIBRATED, CONTENT_FREE, JUSTIFICATION_CHARS, LABEL_METRICS, PREVALENCE_F1,
+    SUMMARY_METRICS, BaselineRun, ClaimCase, ClaimFeatures, EvidencePaper, PaperMethods, ProbeAnswer, VeriragParams, audit_claim, audit_methods,
+    audit_status, calibrated_verdict, check_pass_rates, claim_items, first_per_set, claim_cases, compare_rows, compare_verdicts,
+    content_free_offsets, fit_valid_bias, no_better_than_constant, predicted_valid, run_baseline, score_rows, score_verdicts, stance_confusion,
+    temporal_scenarios, valid_logprobs, valid_score, verirag_scores, verirag_verdicts)
 
 tally = st.floats(0, 50, allow_nan=False)
 alpha = st.floats(0, 3, allow_nan=False)
@@ -293,10 +295,13 @@ def test_each_result_lists_the_calls_behind_it_and_tracing_changes_no_call(tmp_p
     # the items rows: the contract's columns first; each row lists the calls behind it
     bm = BoldnessModel().fit(np.array([claim_features(5, 5, 'Robust Study'), claim_features(9, 9, 'Settled Science')]), [0, 1])
     items = pd.DataFrame(claim_items(ca, verirag_scores([ca], 'TY1', bm, HVParams()).iloc[0], {'COT-RAG': cot, 'CIBER': ciber}, 'TY1'))
-    assert list(items.columns[:len(ITEM_COLUMNS)]) == list(ITEM_COLUMNS) and list(items.system) == ['VERIRAG', 'COT-RAG', 'CIBER', 'all-Invalid']
+    assert list(items.columns[:len(ITEM_COLUMNS)]) == list(ITEM_COLUMNS) and list(items.system) == ['VERIRAG', 'COT-RAG', 'CIBER', 'always-Valid', 'all-Invalid']
     it = items.set_index('system')
-    assert (it.calls['VERIRAG'], it.calls['COT-RAG'], it.calls['CIBER'], it.calls['all-Invalid']) == \
-           (ca.calls('TY1'), cot.calls, ca.feature_calls + ciber.calls, [])                # CIBER reads the features
+    assert (it.calls['VERIRAG'], it.calls['COT-RAG'], it.calls['CIBER'], it.calls['all-Invalid'], it.calls['always-Valid']) == \
+           (ca.calls('TY1'), cot.calls, ca.feature_calls + ciber.calls, [], [])            # CIBER reads the features
+    assert (it.pred['always-Valid'], it.valid_score['CIBER'], it.valid_score['COT-RAG']) == ('Valid', ciber.detail['m_s'] - ciber.detail['m_r'],
+                                                                                             valid_score('COT-RAG', cot))
+    assert math.isnan(it.valid_score['all-Invalid'])                                        # a constant has no score
     assert math.isnan(it.confidence['VERIRAG']) and math.isnan(it.confidence['CIBER']) and it.confidence['COT-RAG'] == cot.confidence
     assert (it.supports_mass['CIBER'], it.option_logprobs['COT-RAG'], it.option_logprobs['VERIRAG'], it.raw['VERIRAG']) == \
            (ciber.detail['m_s'], cot.logprobs, '', '')                                         # scored stances: no text to read
@@ -307,17 +312,25 @@ def test_score_and_compare_rows_hold_each_interval_beside_its_value():
     verdicts = ['Valid', 'Invalid'] * 8 + ['Invalid', 'Valid', 'unparseable', 'Invalid']
     m = score_verdicts(truth, verdicts, seed=1)
     rows = score_rows('VERIRAG / toy', m)
-    assert [r['metric'] for r in rows] == ['accuracy (%)', 'macro-F1', 'MCC'] and m['accuracy'] == pytest.approx(85.0)
-    for r, k in zip(rows, ('accuracy', 'macro_f1', 'mcc')):
+    assert [r['metric'] for r in rows] == ['accuracy (%)', 'macro-F1', 'MCC', PREVALENCE_F1, ANSWERS_VALID, 'unparseable answers']   # no score: no AUROC
+    assert m['accuracy'] == pytest.approx(85.0) and (m['answers_valid'], m['unparseable']) == (45.0, 1)   # 9 of 20 said Valid, 1 unreadable
+    for r, k in zip(rows, ('accuracy', 'macro_f1', 'mcc', 'macro_f1_paper')):
         assert (r['ours'], r['ci_low'], r['ci_high'], r['n']) == (m[k], m[f'{k}_lo'], m[f'{k}_hi'], 20)
     assert rows[0]['note'] == 'TP/FP/FN/TN 8/1/2/9; predicted Valid 0.45; 1 unparseable (scored wrong)'
     assert [r['metric'] for r in score_rows('x / y', m, metrics=('macro-F1',))] == ['macro-F1']
+    assert score_rows('x / y', m, note='no better than always-Valid')[0]['note'].endswith('(scored wrong); no better than always-Valid')
+    scored = score_verdicts(truth, verdicts, seed=1, score=[1.0, -1.0] * 10)
+    assert [r['metric'] for r in score_rows('x / y', scored)][4] == AUROC and scored['auroc'] == 1.0
     d = compare_verdicts(truth, verdicts, ['Invalid'] * 20, seed=1)
     rows = compare_rows('VERIRAG vs all-Invalid / toy', d)
-    assert [r['metric'] for r in rows] == ['Δ accuracy (points)', 'McNemar p', 'Δ macro-F1']
+    assert [r['metric'] for r in rows] == ['Δ accuracy (points)', 'McNemar p', 'Δ macro-F1']   # no scores: no Δ AUROC, no verdict called
     assert (rows[0]['ours'], rows[0]['ci_low'], rows[0]['ci_high']) == (d['acc']['diff'], d['acc']['lo'], d['acc']['hi'])
     assert (rows[2]['ours'], rows[2]['ci_low'], rows[2]['ci_high']) == (d['f1']['diff'], d['f1']['lo'], d['f1']['hi'])
-    assert 'ci_low' not in rows[1] and len({r['note'] for r in rows}) == 1 and rows[0]['note'].startswith('verdict on macro-F1')
+    assert 'ci_low' not in rows[1] and len({r['note'] for r in rows}) == 1 and rows[0]['note'].startswith('verdict: undecided — too few paired items')
+    d = compare_verdicts(truth * 2, verdicts * 2, ['Invalid'] * 40, seed=1, method_score=[1.0, -1.0] * 20, baseline_score=[0.0] * 40)
+    rows = compare_rows('VERIRAG vs all-Invalid / toy', d)
+    assert rows[-1]['metric'] == 'Δ AUROC' and (rows[-1]['ours'], d['auroc']['b']) == (0.5, 0.5)   # a constant ranks nothing
+    assert d['f1']['lo'] > 0 and d['verdict'] == 'confirmed' and rows[0]['note'].startswith('verdict: confirmed — ')
     assert not any(re.search(r'CI (low|high)', r['metric']) for r in rows)                  # what `Results.table` refuses
 
 def test_selfrag_schema_wants_one_critique_per_passage():
@@ -378,6 +391,16 @@ def test_parameters_are_refused_before_work():
     with pytest.raises(ValueError, match='unknown scenario'): VeriragParams(scenario='TY2')
     with pytest.raises(ValueError, match='free_text'): VeriragParams(backend='openai', model='gpt-4o')
     assert VeriragParams(secondary_scenarios='NONE').secondary == []
+    # a calibration of option scores with free-text verdicts (which have none) is refused before any work
+    for cal in ('dev', 'content_free'):
+        with pytest.raises(ValueError, match=f'calibration={cal} shifts option scores'): VeriragParams(answer_mode='free_text', calibration=cal)
+    with pytest.raises(ValueError): VeriragParams(calibration='test')
+    assert (VeriragParams().calibration, VeriragParams(answer_mode='free_text').calibration) == ('dev', 'none')   # free text: none by default
+    from rag_lab.config import check_params, resolve_params
+    assert resolve_params('verirag', 'paper').calibration == 'none'                       # the paper profile's free text runs uncalibrated
+    with pytest.raises(ValueError, match='do not fit together'): check_params('verirag', 'default', {'answer_mode': 'free_text', 'calibration': 'dev'})
+    assert check_params('verirag', 'default', {'answer_mode': 'free_text'}) == {'answer_mode': 'free_text'}
+    assert check_params('verirag', 'smoke', {'calibration': 'content_free'}) == {'calibration': 'content_free'}
 
 def test_samples_are_nested_and_splits_disjoint():
     small, large = claim_cases('healthver,covidfact', 'test', 2, 7), claim_cases('healthver,covidfact', 'test', 4, 7)
@@ -396,3 +419,73 @@ def test_paper_confusion_matrices_reproduce_table3():
     for r in cm[cm.table == 'table3'].itertuples():
         want = paper[(paper.row == r.row) & (paper.metric == r.metric)].paper.iloc[0]
         assert metrics_from_confusion(r.tp, r.fp, r.fn, r.tn)['macro_f1'] == pytest.approx(want, abs=5e-5)
+
+
+# --- priors, thresholds and calibration (issue 28)
+
+def test_valid_scores_pool_the_final_options_and_calibration_shifts_only_the_prior():
+    run = BaselineRun('Valid', 0.4, {'Supports': -1.0, 'Refutes': -1.2, 'Neutral': -1.3, 'Unverifiable': -6.0})
+    lp = valid_logprobs('COT-RAG', run)
+    assert lp['Valid'] == -1.0 and lp['Invalid'] == pytest.approx(np.logaddexp.reduce([-1.2, -1.3, -6.0]))
+    assert valid_score('COT-RAG', run) == pytest.approx(lp['Valid'] - lp['Invalid']) and valid_score('COT-RAG', run) < 0   # the argmax says Valid, the pooled odds do not
+    assert calibrated_verdict('COT-RAG', run, {'Valid': 0.0, 'Invalid': 0.0}) == 'Invalid'
+    assert calibrated_verdict('COT-RAG', run, {'Valid': 1.0, 'Invalid': -1.0}) == 'Valid'
+    assert valid_logprobs('CIBER', run) is None and math.isnan(valid_score('Self-RAG', BaselineRun('unparseable')))
+    assert calibrated_verdict('FLARE', BaselineRun('unparseable'), {'Valid': 0.0, 'Invalid': 0.0}) == 'unparseable'   # nothing to shift
+    assert set(CALIBRATED) == {'COT-RAG', 'Self-RAG', 'FLARE'}
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.floats(-3, 0), st.floats(-3, 0), st.booleans()), min_size=2, max_size=30), st.floats(-2, 2))
+def test_fitted_offsets_sum_to_zero_and_follow_a_shifted_prior(rows, shift):
+    assume(len({t for *_, t in rows}) == 2)   # one class only: the best offset is infinite, nothing to compare
+    runs = [BaselineRun('Valid', logprobs={'Valid': v, 'Invalid': i, 'Uncertain': -9.0}) for v, i, _ in rows]
+    truth = [t for _, _, t in rows]
+    b = fit_valid_bias('Self-RAG', runs, truth)
+    assert b['Valid'] + b['Invalid'] == pytest.approx(0.0, abs=1e-9)
+    # the same runs with every Valid log-probability raised by `shift`: the fitted offset takes it back (the fit is shift-equivariant)
+    moved = [BaselineRun('Valid', logprobs={'Valid': r.logprobs['Valid'] + shift, 'Invalid': r.logprobs['Invalid'], 'Uncertain': -9.0})
+             for r in runs]
+    b2 = fit_valid_bias('Self-RAG', moved, truth)
+    assert b2['Valid'] - b2['Invalid'] == pytest.approx(b['Valid'] - b['Invalid'] - shift, abs=0.05)
+
+def test_content_free_offsets_ask_the_baseline_about_nothing(tmp_path):
+    llm = ScriptedLLM({'Decide whether the evidence supports': 'Nothing to go on.', 'Critique each snippet': '[1]: irrelevant'}, tmp_path,
+                      choices={('Decide whether', 'Verdict:'): 'Supports', ('Now give a verdict', 'Verdict:'): 'Valid',
+                               ('Assess the claim', 'Initial verdict:'): 'Supports', ('Assess the claim', 'one paper:'): 'no'})
+    for b in CALIBRATED:
+        off = content_free_offsets(llm, b)
+        assert off['Valid'] < 0 < off['Invalid'] and off['Valid'] + off['Invalid'] == pytest.approx(0.0, abs=1e-12)   # undoes the lean to Valid
+    users = [m['content'] for c in llm.ledger.calls.values() for m in c['request'].get('messages') or c['request'].get('context')
+             if m['role'] == 'user' and m['content'].startswith('Evidence snippets')]
+    assert len(users) >= len(CALIBRATED) and all(f'"{CONTENT_FREE}"' in u and u.startswith('Evidence snippets, numbered by paper:\n[1] N/A\n\n')
+                                                 for u in users)   # nothing about any claim in any prompt
+    with pytest.raises(ValueError, match='cannot be calibrated'): content_free_offsets(llm, 'CIBER')
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.floats(-5, 5), st.floats(-5, 5), st.booleans()), min_size=2, max_size=50))
+def test_paired_auroc_difference_is_antisymmetric_and_matches_sklearn(rows):
+    from sklearn.metrics import roc_auc_score
+    a, b, y = map(list, zip(*rows))
+    ab, ba = paired_auroc_difference(a, b, y, n_boot=100), paired_auroc_difference(b, a, y, n_boot=100)
+    if len(set(y)) < 2: assert math.isnan(ab['diff']); return
+    assert ab['a'] == pytest.approx(roc_auc_score(y, a)) and ab['b'] == pytest.approx(roc_auc_score(y, b))
+    assert ab['diff'] == pytest.approx(-ba['diff']) and ab['lo'] == pytest.approx(-ba['hi']) and ab['hi'] == pytest.approx(-ba['lo'])
+    assert paired_auroc_difference(a, [0.0] * len(a), y, n_boot=100)['b'] == 0.5
+
+@settings(max_examples=30, deadline=None)
+@given(labels, st.integers(2, 4))
+def test_prevalence_macro_f1_reweights_counts_and_ignores_duplication(rows, k):
+    yt, ya, _ = map(list, zip(*rows))
+    pf = prevalence_macro_f1(yt, ya, n_boot=100)
+    if len(set(yt)) < 2: assert math.isnan(pf['macro_f1']); return
+    assert prevalence_macro_f1(yt * k, ya * k, n_boot=100)['macro_f1'] == pytest.approx(pf['macro_f1'])   # only the rates matter
+    share = np.mean(yt)   # at the claims' own share, it is the plain macro-F1
+    assert prevalence_macro_f1(yt, ya, valid_share=float(share), n_boot=100)['macro_f1'] == pytest.approx(classification_summary(yt, ya, n_boot=10)['macro_f1'])
+
+def test_a_system_inside_the_best_constants_interval_is_flagged():
+    truth = [True] * 29 + [False] * 21
+    constants = {l: score_verdicts(truth, [l] * 50) for l in ('Valid', 'Invalid')}
+    lenient = score_verdicts(truth, ['Valid'] * 28 + ['Invalid'] + ['Valid'] * 21)   # Valid for all but one (Valid) claim
+    assert no_better_than_constant(lenient, constants) == 'no better than always-Valid'
+    good = score_verdicts(truth, ['Valid'] * 27 + ['Invalid'] * 2 + ['Invalid'] * 19 + ['Valid'] * 2)
+    assert no_better_than_constant(good, constants) == ''

@@ -16,35 +16,41 @@ from ..config import BACKEND_CAPABILITIES, LLMParams, SMOKE_LLM, comma_list_of
 from ..data import load_scifact_claims, load_healthver, load_covidfact, scifact_corpus, nested_sample
 from ..llm import LLM, chat_structured
 from ..calls import LEDGER, track
-from ..metrics import compare_paired
+from ..metrics import (answer_margin, apply_option_bias, auroc_ci, compare_paired, content_free_bias, fit_option_bias,
+    label_distribution, prior_verdict)
 from ..parsing import ParsedAnswer
 from ..retrieval import BM25Index
 from ..text import Corpus, Document, split_sentences
 from ..report import ci_row, comparison_rows
-from .verirag_hv import (CHECKS, CHECK_IDS, K, STANCE_SIGN, VERDICT_SCORE, BoldnessModel, CheckGrade, HVParams,
-    PaperAudit, claim_features, classification_summary, grades_to_audit, paired_f1_difference, score_claim, tau_base)
+from .verirag_hv import (CHECKS, CHECK_IDS, K, PAPER_VALID_SHARE, STANCE_SIGN, VERDICT_SCORE, BoldnessModel, CheckGrade,
+    HVParams, PaperAudit, claim_features, classification_summary, grades_to_audit, paired_auroc_difference, paired_f1_difference,
+    prevalence_macro_f1, score_claim, tau_base)
 
 # %% auto #0
-__all__ = ['AnswerMode', 'ANSWER_MODES', 'PARAMS', 'PROFILES', 'SCENARIOS', 'CLAIM_SETS', 'LATER_PAPERS', 'BUILDERS', 'Verdict',
-           'Stance', 'PROBE_CHARS', 'STANCE_WORDS', 'PAPER_WORDS', 'METHODS_AUDIT_INSTRUCTIONS',
+__all__ = ['AnswerMode', 'ANSWER_MODES', 'Calibration', 'PARAMS', 'PROFILES', 'SCENARIOS', 'CLAIM_SETS', 'LATER_PAPERS',
+           'BUILDERS', 'Verdict', 'Stance', 'PROBE_CHARS', 'STANCE_WORDS', 'PAPER_WORDS', 'METHODS_AUDIT_INSTRUCTIONS',
            'SECOND_JUDGE_INSTRUCTIONS', 'MAX_REPAIRS', 'STATEMENT_CHARS', 'SUPPORT_LABELS', 'JUSTIFICATION_CHARS',
            'VERDICT_WORDS', 'SYNTHESIS_WORDS', 'YES_NO', 'PROBE_WORDS', 'RATIONALE_TOKENS', 'CRITIQUE_TOKENS',
-           'CIBER_RELIABILITY', 'BASELINES', 'FEATURE_READERS', 'PROBE_STANCE', 'SUMMARY_METRICS', 'ALL_INVALID',
-           'VeriragParams', 'EvidencePaper', 'ClaimCase', 'temporal_scenarios', 'build_cases', 'scifact_cases',
-           'healthver_cases', 'covidfact_cases', 'claim_cases', 'first_per_set', 'evidence_chunks', 'evidence_header',
-           'ClaimFeatures', 'MethodsAudit', 'audit_schema', 'stance_schema', 'methods_audit_prompt', 'features_prompt',
-           'stance_prompt', 'second_judge_prompt', 'PaperMethods', 'audit_methods', 'claim_features_of',
-           'paper_stances', 'CoTVerdict', 'PassageCritique', 'selfrag_schema', 'SynthesisVerdict', 'flare_schema',
-           'FinalVerdict', 'ProbeAnswer', 'cot_prompt', 'selfrag_critique_prompt', 'selfrag_synthesis_prompt',
-           'flare_prompt', 'flare_final_prompt', 'probe_prompt', 'dempster', 'stance_mass', 'fuse_stances',
-           'BaselineRun', 'run_cot', 'run_ciber', 'run_selfrag', 'run_flare', 'run_baseline', 'AuditRecord',
-           'CaseAudit', 'audit_claim', 'audit_status', 'boldness_features', 'fit_boldness', 'verirag_scores',
-           'verirag_verdicts', 'predicted_valid', 'score_verdicts', 'score_rows', 'compare_verdicts', 'compare_rows',
-           'claim_items', 'second_judge', 'check_pass_rates', 'stance_confusion']
+           'CIBER_RELIABILITY', 'BASELINES', 'FEATURE_READERS', 'PROBE_STANCE', 'VALID_OPTION', 'CALIBRATED',
+           'CONTENT_FREE', 'PREVALENCE_F1', 'AUROC', 'ANSWERS_VALID', 'SUMMARY_METRICS', 'LABEL_METRICS', 'ALL_INVALID',
+           'ALWAYS_VALID', 'CONSTANTS', 'VeriragParams', 'EvidencePaper', 'ClaimCase', 'temporal_scenarios',
+           'build_cases', 'scifact_cases', 'healthver_cases', 'covidfact_cases', 'claim_cases', 'first_per_set',
+           'evidence_chunks', 'evidence_header', 'ClaimFeatures', 'MethodsAudit', 'audit_schema', 'stance_schema',
+           'methods_audit_prompt', 'features_prompt', 'stance_prompt', 'second_judge_prompt', 'PaperMethods',
+           'audit_methods', 'claim_features_of', 'paper_stances', 'CoTVerdict', 'PassageCritique', 'selfrag_schema',
+           'SynthesisVerdict', 'flare_schema', 'FinalVerdict', 'ProbeAnswer', 'cot_prompt', 'selfrag_critique_prompt',
+           'selfrag_synthesis_prompt', 'flare_prompt', 'flare_final_prompt', 'probe_prompt', 'dempster', 'stance_mass',
+           'fuse_stances', 'BaselineRun', 'run_cot', 'run_ciber', 'run_selfrag', 'run_flare', 'run_baseline',
+           'valid_logprobs', 'valid_score', 'fit_valid_bias', 'content_free_case', 'content_free_offsets',
+           'calibrated_verdict', 'AuditRecord', 'CaseAudit', 'audit_claim', 'audit_status', 'boldness_features',
+           'fit_boldness', 'verirag_scores', 'verirag_verdicts', 'predicted_valid', 'score_verdicts', 'score_rows',
+           'no_better_than_constant', 'compare_verdicts', 'compare_rows', 'claim_items', 'second_judge',
+           'check_pass_rates', 'stance_confusion']
 
 # %% ../../nbs/42_verirag_method.ipynb #198f8929
 AnswerMode = Literal['scored', 'free_text']
 ANSWER_MODES: tuple[str, ...] = AnswerMode.__args__
+Calibration = Literal['none', 'dev', 'content_free']
 
 class VeriragParams(LLMParams):
     "VERIRAG (paper 4). `n`: headline test claims per claim set (None: every eligible claim)."
@@ -55,6 +61,7 @@ class VeriragParams(LLMParams):
     n_secondary: int = Field(2, ge=1, le=100_000, description="claims per claim set for the secondary cells (the first of the headline's): baselines in the secondary scenarios, the other answer_mode")
     n_judge: int = Field(4, ge=1, le=1_000_000, description="distinct papers the second judge re-grades (Table 2): the first papers of the secondary claims in the primary scenario")
     answer_mode: AnswerMode = Field('scored', description="headline protocol: labels scored by option log-probability, or parsed from JSON (the paper's protocol; the other one runs on the secondary claims)")
+    calibration: Calibration = Field('dev', description="prior calibration of the scored baselines' Valid / Invalid option scores, shown beside their raw verdicts: none; dev (offsets fitted on the baselines' runs on the training claims); content_free (offsets from one 'N/A' claim per baseline). With answer_mode=free_text (no option scores) the default is none")
 
     @field_validator('claim_sets')
     @classmethod
@@ -71,12 +78,23 @@ class VeriragParams(LLMParams):
     def _known_secondary(cls, v: str) -> str:
         return 'none' if v.strip().lower() == 'none' else comma_list_of(v, {'TY0', 'TY1', 'TY3', 'TY5'}, 'secondary_scenarios')
 
+    @model_validator(mode='before')
+    @classmethod
+    def _calibration_default(cls, data):
+        "Free-text verdicts carry no option scores: there the default calibration is 'none' (asking for another is refused below)."
+        if isinstance(data, dict) and data.get('answer_mode') == 'free_text' and data.get('calibration') is None:
+            return {**data, 'calibration': 'none'}
+        return data
+
     @model_validator(mode='after')
     def _consistent(self) -> 'VeriragParams':
         if self.scenario in self.secondary_scenarios.split(','):
             raise ValueError(f"the primary scenario {self.scenario} cannot also be secondary ({self.secondary_scenarios})")
         if self.n is not None and self.n_secondary > self.n:
             raise ValueError(f"n_secondary ({self.n_secondary}) cannot exceed n ({self.n}): secondary claims are the first of the headline's")
+        if self.calibration != 'none' and self.answer_mode != 'scored':   # free-text verdicts carry no option scores to shift
+            raise ValueError(f"calibration={self.calibration} shifts option scores, which answer_mode={self.answer_mode} does not give; "
+                             f"use answer_mode=scored or calibration=none")
         return self
 
     @property
@@ -93,7 +111,7 @@ class VeriragParams(LLMParams):
 PARAMS = VeriragParams
 PROFILES: dict[str, dict] = {'smoke': dict(n=1, n_train=2, n_secondary=1, n_judge=1, claim_sets='covidfact', scenario='TY1', secondary_scenarios='TY0', **SMOKE_LLM),
                       'default': dict(n=50, n_train=4, n_secondary=17, n_judge=50, secondary_scenarios='none'),
-                      'paper': dict(n=100, n_train=20, n_secondary=100, n_judge=400, secondary_scenarios='TY0,TY1,TY5', answer_mode='free_text', backend='openai', model='gpt-4o')}   # profile -> the values it sets
+                      'paper': dict(n=100, n_train=20, n_secondary=100, n_judge=400, secondary_scenarios='TY0,TY1,TY5', answer_mode='free_text', calibration='none', backend='openai', model='gpt-4o')}   # profile -> the values it sets
 
 # %% ../../nbs/42_verirag_method.ipynb #cf231d64
 SCENARIOS = ('TY0', 'TY1', 'TY3', 'TY5')
@@ -631,6 +649,69 @@ def run_baseline(llm: LLM, method: str, case: ClaimCase, scenario: str,
     run.calls = list(calls)
     return run
 
+# %% ../../nbs/42_verirag_method.ipynb #7687091b
+VALID_OPTION = {'COT-RAG': 'Supports', 'Self-RAG': 'Valid', 'FLARE': 'Supports'}   # the final-step option that makes the verdict Valid
+CALIBRATED = tuple(VALID_OPTION)   # the baselines whose verdict is a scored option (CIBER's comes from fused masses)
+
+def valid_logprobs(method: str, # a baseline name
+                   run: BaselineRun, # its run on one claim
+                  ) -> dict[str, float] | None: # {'Valid': log Σ p, 'Invalid': log Σ p}; None without scored options
+    "The final step's option log-probabilities pooled into Valid (the option that makes the verdict Valid) and Invalid (the rest)."
+    if method not in VALID_OPTION or not run.logprobs: return None
+    pool = lambda valid: float(np.logaddexp.reduce([v for o, v in run.logprobs.items() if (o == VALID_OPTION[method]) == valid]))
+    return {'Valid': pool(True), 'Invalid': pool(False)}
+
+# %% ../../nbs/42_verirag_method.ipynb #85b27368
+def valid_score(method: str, # a baseline name
+                run: BaselineRun, # its run on one claim
+               ) -> float: # NaN: no score (free text, or an unparseable run)
+    "A baseline's threshold-free score for Valid: log P(Valid) − log P(Invalid) of its final step; CIBER's fused m_S − m_R."
+    if method == 'CIBER': return run.detail['m_s'] - run.detail['m_r'] if 'm_s' in run.detail else math.nan
+    lp = valid_logprobs(method, run)
+    return math.nan if lp is None else answer_margin(lp, 'Valid', 'Invalid')
+
+# %% ../../nbs/42_verirag_method.ipynb #9c1931e4
+def fit_valid_bias(method: str, # a baseline of CALIBRATED
+                   dev_runs: Sequence[BaselineRun], # its runs on the dev (training) claims
+                   dev_truth: Sequence[bool], # their ground truth (True = Valid)
+                  ) -> dict[str, float]: # {'Valid': offset, 'Invalid': offset}
+    "Offsets on the pooled Valid / Invalid log-probabilities that best fit the baseline's runs on the dev claims (`fit_option_bias`)."
+    pairs = [(lp, 'Valid' if t else 'Invalid') for r, t in zip(dev_runs, dev_truth, strict=True)
+             if (lp := valid_logprobs(method, r)) is not None]
+    if not pairs: raise ValueError(f"no scored {method} run on the dev claims: nothing to fit the offsets on")
+    lps, gold = zip(*pairs)
+    return fit_option_bias(list(lps), list(gold))
+
+# %% ../../nbs/42_verirag_method.ipynb #ad68ccc5
+CONTENT_FREE = 'N/A'   # the claim, evidence, standard and probes of the content-free input
+
+def content_free_case() -> tuple[ClaimCase, ClaimFeatures]:
+    "A claim with one evidence paper, a standard and probes that all say 'N/A': what a baseline answers there is its prior."
+    p = EvidencePaper('content-free', CONTENT_FREE, CONTENT_FREE, 'topical')
+    case = ClaimCase('content-free', 'none', 'content-free', CONTENT_FREE, False, {p.paper_id: p}, {s: [p.paper_id] for s in SCENARIOS})
+    # model_construct: 'N/A' is none of the three standards, on purpose (no standard may hint at an answer)
+    return case, ClaimFeatures.model_construct(specificity=1, testability=1, required_standard=CONTENT_FREE,
+                                               **{probe: CONTENT_FREE for probe in PROBE_STANCE})
+
+# %% ../../nbs/42_verirag_method.ipynb #6b9a6816
+def content_free_offsets(llm: LLM, method: str, # a baseline of CALIBRATED
+                        ) -> dict[str, float]: # {'Valid': offset, 'Invalid': offset}
+    "Offsets that make the baseline's scored answer to the content-free claim even between Valid and Invalid (`content_free_bias`)."
+    case, features = content_free_case()
+    lp = valid_logprobs(method, run_baseline(llm, method, case, 'TY0', features, 'scored'))
+    if lp is None: raise ValueError(f"{method} scores no option for its verdict: it cannot be calibrated")
+    return content_free_bias(lp)
+
+# %% ../../nbs/42_verirag_method.ipynb #3b2fd5c8
+def calibrated_verdict(method: str, run: BaselineRun, # a baseline's run on one claim
+                       bias: Mapping[str, float], # from `fit_valid_bias` or `content_free_offsets`
+                      ) -> str: # 'Valid' / 'Invalid' (a run without option scores keeps its verdict)
+    "Valid when the offset-corrected P(Valid) beats P(Invalid) (a tie is Invalid, as every verdict short of support)."
+    lp = valid_logprobs(method, run)
+    if lp is None: return run.verdict
+    s = apply_option_bias(lp, bias)
+    return 'Valid' if s['Valid'] > s['Invalid'] else 'Invalid'
+
 # %% ../../nbs/42_verirag_method.ipynb #f8350a7f
 @dataclass
 class AuditRecord:
@@ -723,50 +804,97 @@ def predicted_valid(verdicts: Sequence[str], truth: Sequence[bool]) -> list[bool
     return [(not t) if v == 'unparseable' else v == 'Valid' for v, t in zip(verdicts, truth)]
 
 # %% ../../nbs/42_verirag_method.ipynb #b8d4f3e2
-SUMMARY_METRICS = {'accuracy (%)': 'accuracy', 'macro-F1': 'macro_f1', 'MCC': 'mcc'}   # row metric -> key of `score_verdicts`
+PREVALENCE_F1 = f"macro-F1 at the paper's prevalence ({PAPER_VALID_SHARE:.0%} Valid; secondary)"
+AUROC = 'AUROC of the Valid score'
+ANSWERS_VALID = "answers 'Valid' (%)"
+# row metric -> key of `score_verdicts` (its interval in <key>_lo / <key>_hi); a key the summary lacks (AUROC without a score) gives no row
+SUMMARY_METRICS = {'accuracy (%)': 'accuracy', 'macro-F1': 'macro_f1', 'MCC': 'mcc', PREVALENCE_F1: 'macro_f1_paper', AUROC: 'auroc'}
+LABEL_METRICS = {ANSWERS_VALID: 'answers_valid', 'unparseable answers': 'unparseable'}   # row metric -> key; no interval
 
 def score_verdicts(truth: Sequence[bool], # ground truth per claim (True = Valid)
                    verdicts: Sequence[str], # 'Valid' / 'Invalid' / 'unparseable' per claim
-                   seed: int = 42) -> dict: # `classification_summary` + unparseable
-    "Accuracy, macro-F1 and MCC of one system's verdicts with 95% bootstrap intervals (unparseable scored wrong, and counted)."
-    m = classification_summary(truth, predicted_valid(verdicts, truth), seed=seed)
-    return m | dict(unparseable=list(verdicts).count('unparseable'))
+                   seed: int = 42,
+                   score: Sequence[float] | None = None, # the system's continuous score for Valid per claim (NaN: none)
+                  ) -> dict: # `classification_summary` + macro_f1_paper(_lo/_hi), answers_valid, unparseable, auroc(_lo/_hi/_n)
+    "Accuracy, macro-F1, MCC and macro-F1 at the paper's prevalence with 95% bootstrap intervals, the share answering Valid, and the score's AUROC."
+    pred = predicted_valid(verdicts, truth)
+    pf = prevalence_macro_f1(truth, pred, seed=seed)
+    m = classification_summary(truth, pred, seed=seed) | dict(
+        macro_f1_paper=pf['macro_f1'], macro_f1_paper_lo=pf['lo'], macro_f1_paper_hi=pf['hi'],
+        answers_valid=label_distribution([None if v == 'unparseable' else v for v in verdicts], ('Valid', 'Invalid'))['Valid'],
+        unparseable=list(verdicts).count('unparseable'))
+    if score is None: return m
+    a = auroc_ci(score, truth, seed=seed)
+    return m | dict(auroc=a['auroc'], auroc_lo=a['lo'], auroc_hi=a['hi'], auroc_n=a['n'])
 
+# %% ../../nbs/42_verirag_method.ipynb #702d7236
 def score_rows(row: str, # '<system> / <subset>'
                m: dict, # `score_verdicts`
-               metrics: Sequence[str] = tuple(SUMMARY_METRICS), # which of the three
+               metrics: Sequence[str] = (*SUMMARY_METRICS, *LABEL_METRICS), # which rows
+               note: str = '', # appended to the confusion counts in every row's note
               ) -> list[dict]:
-    "Results rows of a `score_verdicts`: each metric with its 95% interval; the confusion counts in the note."
-    note = (f"TP/FP/FN/TN {m['tp']}/{m['fp']}/{m['fn']}/{m['tn']}; predicted Valid {m['predicted_valid_rate']:.2f}; "
-            f"{m['unparseable']} unparseable (scored wrong)")
-    return [ci_row(row, k, m[SUMMARY_METRICS[k]], m[f'{SUMMARY_METRICS[k]}_lo'], m[f'{SUMMARY_METRICS[k]}_hi'], m['n'], note)
-            for k in metrics]
+    "Results rows of a `score_verdicts`: each metric with its 95% interval, then the label counts; the confusion counts in the note."
+    note = '; '.join(x for x in (f"TP/FP/FN/TN {m['tp']}/{m['fp']}/{m['fn']}/{m['tn']}; predicted Valid {m['predicted_valid_rate']:.2f}; "
+                                 f"{m['unparseable']} unparseable (scored wrong)", note) if x)
+    rows = []
+    for k in metrics:
+        if k in LABEL_METRICS: rows.append(dict(row=row, metric=k, ours=m[LABEL_METRICS[k]], n=m['n'], note=note))
+        elif (key := SUMMARY_METRICS[k]) in m: rows.append(ci_row(row, k, m[key], m[f'{key}_lo'], m[f'{key}_hi'], m.get(f'{key}_n', m['n']), note))
+    return rows
 
+# %% ../../nbs/42_verirag_method.ipynb #f7a640e7
+def no_better_than_constant(m: dict, # `score_verdicts` of a system
+                            constants: Mapping[str, dict], # label a constant answers ('Valid', 'Invalid') -> its `score_verdicts`, same claims
+                           ) -> str: # e.g. 'no better than always-Valid'; '' when the system beats it
+    "Flag a system whose accuracy and macro-F1 both lie at or below the upper CI end of the constant that scores best on each."
+    best = {k: max(constants, key=lambda c: constants[c][k]) for k in ('accuracy', 'macro_f1')}
+    if any(m[k] > constants[c][f'{k}_hi'] for k, c in best.items()): return ''
+    return 'no better than ' + ' / '.join(f'always-{c}' for c in dict.fromkeys(best.values()))
+
+# %% ../../nbs/42_verirag_method.ipynb #1d68f30c
 def compare_verdicts(truth: Sequence[bool], # ground truth per claim
                      method: Sequence[str], baseline: Sequence[str], # both systems' verdicts on the same claims
-                     seed: int = 42) -> dict: # f1: `paired_f1_difference`, acc: `compare_paired`
-    "Method minus baseline on the same claims: paired macro-F1 difference (the verdict) and paired accuracy (McNemar)."
+                     seed: int = 42,
+                     method_score: Sequence[float] | None = None, # continuous scores for Valid (None: the threshold-free
+                     baseline_score: Sequence[float] | None = None, # comparison is not possible, and no verdict is decided)
+                    ) -> dict: # f1 (`paired_f1_difference`), acc (`compare_paired`), auroc (`paired_auroc_difference` or None), verdict, reason
+    "Method minus baseline on the same claims: macro-F1 (primary), accuracy (McNemar) and AUROC (threshold-free); the verdict from `prior_verdict`."
     pm, pb = predicted_valid(method, truth), predicted_valid(baseline, truth)
     acc = compare_paired([a == t for a, t in zip(pm, truth)], [b == t for b, t in zip(pb, truth)], seed=seed)
-    return dict(f1=paired_f1_difference(truth, pm, pb, seed=seed), acc=acc)
+    f1 = paired_f1_difference(truth, pm, pb, seed=seed)
+    auroc = (paired_auroc_difference(method_score, baseline_score, truth, seed=seed)
+             if method_score is not None and baseline_score is not None else None)
+    v, reason = prior_verdict(f1 | dict(n=len(pm)), auroc)
+    return dict(f1=f1, acc=acc, auroc=auroc, verdict=v, reason=reason)
+
+# %% ../../nbs/42_verirag_method.ipynb #2bc50d20
+def _auroc_text(au: dict | None) -> str:
+    if au is None: return 'no threshold-free score (a system without option scores)'
+    if not au['n']: return 'no threshold-free score (no claim scored by both systems)'
+    if math.isnan(au['diff']): return f"Δ AUROC undefined (n = {au['n']}: one class only)"
+    return f"Δ AUROC of the Valid score {au['diff']:+.3f}, 95% CI [{au['lo']:+.3f}, {au['hi']:+.3f}], n = {au['n']}"
 
 def compare_rows(row: str, # '<method> vs <baseline> / <subset>'
                  d: dict, # `compare_verdicts`
                  method: str = 'VERIRAG') -> list[dict]:
-    "Results rows of a `compare_verdicts`: Δ accuracy (points) and McNemar p, then Δ macro-F1; the verdict (on macro-F1) in the note."
-    fd, acc = d['f1'], d['acc']
-    note = (f"verdict on macro-F1 (the paper's metric): {fd['verdict']}, {fd['diff']:+.3f}, 95% CI [{fd['lo']:+.3f}, "
-            f"{fd['hi']:+.3f}]; on accuracy: {acc['note']}; {method} right / baseline right on {acc['wins']} / {acc['losses']} claims")
-    return comparison_rows(row, acc, note) + [ci_row(row, 'Δ macro-F1', fd['diff'], fd['lo'], fd['hi'], acc['n'], note)]
+    "Results rows of a `compare_verdicts`: Δ accuracy (points), McNemar p, Δ macro-F1, Δ AUROC (when scored); the verdict and its reason lead the note."
+    fd, acc, au = d['f1'], d['acc'], d['auroc']
+    note = (f"verdict: {d['verdict']} — {d['reason']}; Δ macro-F1 (the paper's metric) {fd['diff']:+.3f}, 95% CI [{fd['lo']:+.3f}, "
+            f"{fd['hi']:+.3f}]; {_auroc_text(au)}; on accuracy: {acc['note']}; {method} right / baseline right on "
+            f"{acc['wins']} / {acc['losses']} claims")
+    rows = comparison_rows(row, acc, note) + [ci_row(row, 'Δ macro-F1', fd['diff'], fd['lo'], fd['hi'], acc['n'], note)]
+    return rows + ([ci_row(row, 'Δ AUROC', au['diff'], au['lo'], au['hi'], au['n'], note)] if au is not None else [])
 
 # %% ../../nbs/42_verirag_method.ipynb #e2a7c6b5
 ALL_INVALID = 'all-Invalid'   # the floor: a verifier that rejects every claim (no call)
+ALWAYS_VALID = 'always-Valid'   # its mirror: accepts every claim (no call)
+CONSTANTS = {ALWAYS_VALID: 'Valid', ALL_INVALID: 'Invalid'}   # the constant answers -> the label each gives every claim
 
 def claim_items(audit: CaseAudit, # the claim's audit in the items' answer mode
                 score: Mapping, # the claim's row of `verirag_scores` in `scenario`
                 runs: Mapping[str, BaselineRun], # baseline -> its run on the claim in `scenario`, same mode
                 scenario: str) -> list[dict]:
-    "The items rows of one claim (VERIRAG, the baselines, all-Invalid): the items contract's columns, then VERIRAG's and the baselines' own."
+    "The items rows of one claim (VERIRAG, the baselines, the constants): the items contract's columns, then VERIRAG's and the baselines' own."
     c, ids = audit.case, audit.case.scenarios[scenario]
     gold = 'Valid' if c.valid else 'Invalid'
     def row(system, pred, confidence=math.nan, option_logprobs='', raw='', calls=(), **own) -> dict:
@@ -776,12 +904,12 @@ def claim_items(audit: CaseAudit, # the claim's audit in the items' answer mode
     st = {p: audit.records[p].stance for p in ids}
     return [row('VERIRAG', score['verdict'], raw=st[ids[0]].raw or '', calls=audit.calls(scenario),   # raw: the stance JSON (free_text)
                 stances=json.dumps({p: s.answer if s.status == 'ok' else 'unparseable' for p, s in st.items()}),
-                stance_logprobs=json.dumps({p: s.logprobs for p, s in st.items()}), hv=score['hv'], tau=score['tau'],
+                stance_logprobs=json.dumps({p: s.logprobs for p, s in st.items()}), hv=score['hv'], tau=score['tau'], valid_score=score['margin'],
                 h_s=score['h_s'], h_r=score['h_r'], h_n=score['h_n'], papers_without_weight=score['dropped']),
             *[row(b, r.verdict, math.nan if r.confidence is None else r.confidence, r.logprobs or '', r.raw,
                   (audit.feature_calls if b in FEATURE_READERS else []) + r.calls, label=r.detail.get('label', ''),
-                  supports_mass=r.detail.get('m_s', math.nan)) for b, r in runs.items()],
-            row(ALL_INVALID, 'Invalid')]
+                  supports_mass=r.detail.get('m_s', math.nan), valid_score=valid_score(b, r)) for b, r in runs.items()],
+            *[row(name, label) for name, label in CONSTANTS.items()]]
 
 # %% ../../nbs/42_verirag_method.ipynb #fc835a4a
 def second_judge(llm: LLM, methods: Mapping[str, PaperMethods], # paper id -> judge A's methods audit

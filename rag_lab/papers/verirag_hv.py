@@ -5,6 +5,7 @@
 # %% ../../nbs/41_verirag_hv.ipynb #d6139e21
 from __future__ import annotations
 import itertools, math
+from fractions import Fraction
 from dataclasses import dataclass
 from typing import Literal, Mapping, Sequence
 import numpy as np
@@ -12,16 +13,18 @@ import pandas as pd
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import Ridge
 from sklearn.metrics.pairwise import cosine_similarity
-from ..metrics import (binary_bootstrap_ci, binary_metrics, bootstrap_ci, cohen_kappa, macro_f1_from_confusion,
-    metrics_from_confusion, outcome_codes, paired_binary_bootstrap, verdict as interval_verdict)
+from ..metrics import (_auroc, binary_bootstrap_ci, binary_confusion, binary_metrics, bootstrap_ci, cohen_kappa,
+    index_bootstrap_ci, macro_f1_from_confusion, metrics_from_confusion, outcome_codes, paired_binary_bootstrap,
+    verdict as interval_verdict)
 
 # %% auto #0
 __all__ = ['CHECKS', 'CHECK_IDS', 'K', 'CheckGrade', 'CHECK_GRADES', 'VERDICT_SCORE', 'STANCE_SIGN', 'REQUIRED_STANDARDS',
-           'STANDARD_PRIOR', 'TAU_CLAMP', 'ALPHA_GRID', 'LAMBDA_GRID', 'C_GRID', 'Check', 'grades_to_audit',
-           'audit_vectors', 'paper_quality', 'chunk_redundancy', 'paper_redundancy', 'effective_contribution',
-           'tallies', 'log_odds', 'sigmoid', 'hv_score', 'claim_features', 'BoldnessModel', 'tau_base', 'tau_auto',
-           'accept', 'PaperAudit', 'HVParams', 'score_claim', 'calibrate', 'prediction_summary', 'confusion_table',
-           'mcc_ranges', 'judge_agreement', 'classification_summary', 'paired_f1_difference']
+           'STANDARD_PRIOR', 'TAU_CLAMP', 'ALPHA_GRID', 'LAMBDA_GRID', 'C_GRID', 'PAPER_VALID_SHARE', 'Check',
+           'grades_to_audit', 'audit_vectors', 'paper_quality', 'chunk_redundancy', 'paper_redundancy',
+           'effective_contribution', 'tallies', 'log_odds', 'sigmoid', 'hv_score', 'claim_features', 'BoldnessModel',
+           'tau_base', 'tau_auto', 'accept', 'PaperAudit', 'HVParams', 'score_claim', 'calibrate', 'prediction_summary',
+           'confusion_table', 'mcc_ranges', 'judge_agreement', 'classification_summary', 'paired_f1_difference',
+           'prevalence_macro_f1', 'paired_auroc_difference']
 
 # %% ../../nbs/41_verirag_hv.ipynb #ea978d34
 @dataclass(frozen=True)
@@ -355,3 +358,42 @@ def paired_f1_difference(y_true: Sequence[bool], method: Sequence[bool], baselin
     "Macro-F1 of `method` minus `baseline` on the same claims: paired bootstrap interval, p-value and verdict."
     pb = paired_binary_bootstrap(y_true, method, baseline, 'macro_f1', n_boot=n_boot, seed=seed)
     return pb | dict(verdict=interval_verdict(pb['lo'], pb['hi'], len(outcome_codes(y_true, method))))
+
+# %% ../../nbs/41_verirag_hv.ipynb #a852db90
+PAPER_VALID_SHARE = 0.05   # the paper's corpus: 5 Valid / 95 Invalid claims (derived in the notes)
+
+def prevalence_macro_f1(y_true: Sequence[bool], y_pred: Sequence[bool], # truth and predictions (True = Valid)
+                        valid_share: float = PAPER_VALID_SHARE, # the Valid share to reweight to, in (0, 1)
+                        seed: int = 42, n_boot: int = 2000,
+                       ) -> dict: # macro_f1, lo, hi, n, undefined_resamples (resamples missing a class)
+    "Macro-F1 had the claims been `valid_share` Valid: each class's confusion counts weighted to that share; 95% bootstrap CI."
+    if not 0 < valid_share < 1: raise ValueError(f"the Valid share must lie strictly between 0 and 1, got {valid_share}")
+    yt, yp = np.asarray(y_true, bool), np.asarray(y_pred, bool)
+    share = Fraction(valid_share).limit_denominator(10**6)
+    def f1(ix: np.ndarray) -> float:
+        tp, fp, fn, tn = binary_confusion(yt[ix], yp[ix])
+        n_valid, n_invalid = tp + fn, fp + tn
+        if not n_valid or not n_invalid: return float('nan')   # a class is missing: no share to reweight
+        # integer weights in the ratio share / n_valid : (1 - share) / n_invalid (F1 depends on count ratios only)
+        wv, wi = share.numerator * n_invalid, (share.denominator - share.numerator) * n_valid
+        return macro_f1_from_confusion(tp * wv, fp * wi, fn * wv, tn * wi)
+    point = f1(np.arange(len(yt)))
+    lo, hi, undefined = index_bootstrap_ci(len(yt), f1, n_boot, seed=seed) if not math.isnan(point) else (float('nan'), float('nan'), 0)
+    return dict(macro_f1=point, lo=lo, hi=hi, n=len(yt), undefined_resamples=undefined)
+
+# %% ../../nbs/41_verirag_hv.ipynb #be2c95d1
+def paired_auroc_difference(score_a: Sequence[float], # system A's score for the positive class per item (NaN: none)
+                            score_b: Sequence[float], # system B's score on the same items, in the same order
+                            positive: Sequence[bool], # the truth the scores should rank first (True = Valid)
+                            n_boot: int = 2000, seed: int = 42,
+                           ) -> dict: # diff, lo, hi, a, b (the two AUROCs), n (items both score), undefined_resamples
+    "AUROC of A minus AUROC of B on the items both score, with a paired 95% bootstrap interval (the same resampled items for both)."
+    a, b, y = np.asarray(score_a, float), np.asarray(score_b, float), np.asarray(positive, bool)
+    if not (a.shape == b.shape == y.shape): raise ValueError(f"{a.size} and {b.size} scores for {y.size} items: the comparison needs the same items")
+    keep = ~(np.isnan(a) | np.isnan(b))
+    a, b, y = a[keep], b[keep], y[keep]
+    diff = lambda ix: _auroc(a[ix], y[ix]) - _auroc(b[ix], y[ix])   # NaN when the items hold one class only
+    point = diff(np.arange(len(y)))
+    lo, hi, undefined = index_bootstrap_ci(len(y), diff, n_boot, seed=seed) if not math.isnan(point) else (float('nan'), float('nan'), 0)
+    auc = lambda s: _auroc(s, y) if len(y) else float('nan')
+    return dict(diff=point, lo=lo, hi=hi, a=auc(a), b=auc(b), n=len(y), undefined_resamples=undefined)
