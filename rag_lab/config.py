@@ -218,7 +218,7 @@ class LLMParams(NotebookParams):
     @model_validator(mode='after')
     def _calibration_needs_scores(self):
         if self.calibration == 'content_free' and self.answer_mode != 'scored':
-            raise ValueError("calibration='content_free' shifts option log-probabilities, which answer_mode='free_text' does not "
+            raise ValueError(f"calibration={self.calibration} shifts option scores, which answer_mode='free_text' does not "
                              "produce: use calibration=none (or leave it unset) with free-text answers")
         return self
 

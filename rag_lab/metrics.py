@@ -14,11 +14,12 @@ from .text import tokenize
 # %% auto #0
 __all__ = ['Verdict', 'MIN_DECIDABLE_N', 'BINARY_METRICS', 'bootstrap_ci', 'paired_bootstrap', 'accuracy', 'mcnemar', 'verdict',
            'compare_paired', 'as_qrels', 'ir_metrics', 'per_query', 'compare_runs', 'gate_sweep', 'risk_coverage',
-           'aurc', 'aurc_optimal', 'sentence_f1', 'token_f1', 'index_bootstrap_ci', 'auroc_ci', 'cohen_kappa',
-           'outcome_codes', 'binary_confusion', 'macro_f1_from_confusion', 'mcc_from_confusion',
-           'metrics_from_confusion', 'binary_metrics', 'binary_bootstrap_ci', 'paired_binary_bootstrap',
-           'label_distribution', 'majority_label', 'constant_accuracy', 'gold_logprob', 'paired_gold_logprob',
-           'answer_margin', 'fit_option_bias', 'content_free_bias', 'apply_option_bias', 'prior_verdict']
+           'aurc', 'aurc_optimal', 'sentence_f1', 'token_f1', 'index_bootstrap_ci', 'auroc_ci',
+           'paired_auroc_difference', 'cohen_kappa', 'outcome_codes', 'binary_confusion', 'macro_f1_from_confusion',
+           'mcc_from_confusion', 'metrics_from_confusion', 'binary_metrics', 'binary_bootstrap_ci',
+           'paired_binary_bootstrap', 'label_distribution', 'majority_label', 'constant_accuracy', 'gold_logprob',
+           'paired_gold_logprob', 'answer_margin', 'fit_option_bias', 'content_free_bias', 'apply_option_bias',
+           'prior_verdict']
 
 # %% ../nbs/06_metrics.ipynb #b4fa8d71
 def bootstrap_ci(values: Sequence[float], # per-item scores (e.g. 1 correct / 0 wrong)
@@ -241,6 +242,23 @@ def auroc_ci(score: Sequence[float], # one score per item (NaN: no score, left o
     lo, hi, undefined = (index_bootstrap_ci(len(units), stat, n_boot, seed=seed) if not math.isnan(point)
                          else (float('nan'), float('nan'), 0))
     return dict(auroc=point, lo=lo, hi=hi, n=len(s), n_groups=len(units), n_positive=int(y.sum()), undefined_resamples=undefined)
+
+# %% ../nbs/06_metrics.ipynb #5605eb07
+def paired_auroc_difference(score_a: Sequence[float], # system A's score for the positive class per item (NaN: none)
+                            score_b: Sequence[float], # system B's score on the same items, in the same order
+                            positive: Sequence[bool], # the truth the scores should rank first
+                            n_boot: int = 2000, seed: int = 42,
+                           ) -> dict: # diff, lo, hi, a, b (the two AUROCs), n (items both score), undefined_resamples
+    "AUROC of A minus AUROC of B on the items both score, with a paired 95% bootstrap interval (the same resampled items for both)."
+    a, b, y = np.asarray(score_a, float), np.asarray(score_b, float), np.asarray(positive, bool)
+    if not (a.shape == b.shape == y.shape): raise ValueError(f"{a.size} and {b.size} scores for {y.size} items: the comparison needs the same items")
+    keep = ~(np.isnan(a) | np.isnan(b))
+    a, b, y = a[keep], b[keep], y[keep]
+    diff = lambda ix: _auroc(a[ix], y[ix]) - _auroc(b[ix], y[ix])   # NaN when the items hold one class only
+    point = diff(np.arange(len(y)))
+    lo, hi, undefined = index_bootstrap_ci(len(y), diff, n_boot, seed=seed) if not math.isnan(point) else (float('nan'), float('nan'), 0)
+    auc = lambda s: _auroc(s, y) if len(y) else float('nan')
+    return dict(diff=point, lo=lo, hi=hi, a=auc(a), b=auc(b), n=len(y), undefined_resamples=undefined)
 
 # %% ../nbs/06_metrics.ipynb #602acfc7
 def cohen_kappa(a: Sequence, # one rater's labels

@@ -7,11 +7,11 @@ from hypothesis import assume, given, settings, strategies as st
 
 from rag_lab.calls import LLMCache, Ledger
 from rag_lab.llm import LLM
-from rag_lab.metrics import metrics_from_confusion
+from rag_lab.metrics import metrics_from_confusion, paired_auroc_difference
 from rag_lab.report import ITEM_COLUMNS
 from rag_lab.papers.verirag_hv import (ALPHA_GRID, CHECK_IDS, K, BoldnessModel, HVParams, PaperAudit, accept, audit_vectors, calibrate,
     chunk_redundancy, claim_features, classification_summary, effective_contribution, grades_to_audit, hv_score, judge_agreement, log_odds,
-    paired_auroc_difference, paired_f1_difference, paper_quality, prediction_summary, prevalence_macro_f1, score_claim, sigmoid, tallies, tau_auto)
+    paired_f1_difference, paper_quality, prediction_summary, prevalence_macro_f1, score_claim, sigmoid, tallies, tau_auto)
 from rag_lab.papers.verirag import (ANSWERS_VALID, AUROC, CALIBRATED, CONTENT_FREE, JUSTIFICATION_CHARS, LABEL_METRICS, PREVALENCE_F1,
     SUMMARY_METRICS, BaselineRun, ClaimCase, ClaimFeatures, EvidencePaper, PaperMethods, ProbeAnswer, VeriragParams, audit_claim, audit_methods,
     audit_status, calibrated_verdict, check_pass_rates, claim_items, first_per_set, claim_cases, compare_rows, compare_verdicts,

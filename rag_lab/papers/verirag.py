@@ -16,14 +16,14 @@ from ..config import BACKEND_CAPABILITIES, LLMParams, SMOKE_LLM, comma_list_of
 from ..data import load_scifact_claims, load_healthver, load_covidfact, scifact_corpus, nested_sample
 from ..llm import LLM, chat_structured
 from ..calls import LEDGER, track
-from ..metrics import (answer_margin, apply_option_bias, auroc_ci, compare_paired, content_free_bias, fit_option_bias,
+from ..metrics import (answer_margin, paired_auroc_difference, apply_option_bias, auroc_ci, compare_paired, content_free_bias, fit_option_bias,
     label_distribution, prior_verdict)
 from ..parsing import ParsedAnswer
 from ..retrieval import BM25Index
 from ..text import Corpus, Document, split_sentences
 from ..report import ci_row, comparison_rows
 from .verirag_hv import (CHECKS, CHECK_IDS, K, PAPER_VALID_SHARE, STANCE_SIGN, VERDICT_SCORE, BoldnessModel, CheckGrade,
-    HVParams, PaperAudit, claim_features, classification_summary, grades_to_audit, paired_auroc_difference, paired_f1_difference,
+    HVParams, PaperAudit, claim_features, classification_summary, grades_to_audit, paired_f1_difference,
     prevalence_macro_f1, score_claim, tau_base)
 
 # %% auto #0

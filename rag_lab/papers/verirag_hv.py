@@ -13,7 +13,7 @@ import pandas as pd
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import Ridge
 from sklearn.metrics.pairwise import cosine_similarity
-from ..metrics import (_auroc, binary_bootstrap_ci, binary_confusion, binary_metrics, bootstrap_ci, cohen_kappa,
+from ..metrics import (binary_bootstrap_ci, binary_confusion, binary_metrics, bootstrap_ci, cohen_kappa,
     index_bootstrap_ci, macro_f1_from_confusion, metrics_from_confusion, outcome_codes, paired_binary_bootstrap,
     verdict as interval_verdict)
 
@@ -24,7 +24,7 @@ __all__ = ['CHECKS', 'CHECK_IDS', 'K', 'CheckGrade', 'CHECK_GRADES', 'VERDICT_SC
            'effective_contribution', 'tallies', 'log_odds', 'sigmoid', 'hv_score', 'claim_features', 'BoldnessModel',
            'tau_base', 'tau_auto', 'accept', 'PaperAudit', 'HVParams', 'score_claim', 'calibrate', 'prediction_summary',
            'confusion_table', 'mcc_ranges', 'judge_agreement', 'classification_summary', 'paired_f1_difference',
-           'prevalence_macro_f1', 'paired_auroc_difference']
+           'prevalence_macro_f1']
 
 # %% ../../nbs/41_verirag_hv.ipynb #ea978d34
 @dataclass(frozen=True)
@@ -380,20 +380,3 @@ def prevalence_macro_f1(y_true: Sequence[bool], y_pred: Sequence[bool], # truth 
     point = f1(np.arange(len(yt)))
     lo, hi, undefined = index_bootstrap_ci(len(yt), f1, n_boot, seed=seed) if not math.isnan(point) else (float('nan'), float('nan'), 0)
     return dict(macro_f1=point, lo=lo, hi=hi, n=len(yt), undefined_resamples=undefined)
-
-# %% ../../nbs/41_verirag_hv.ipynb #be2c95d1
-def paired_auroc_difference(score_a: Sequence[float], # system A's score for the positive class per item (NaN: none)
-                            score_b: Sequence[float], # system B's score on the same items, in the same order
-                            positive: Sequence[bool], # the truth the scores should rank first (True = Valid)
-                            n_boot: int = 2000, seed: int = 42,
-                           ) -> dict: # diff, lo, hi, a, b (the two AUROCs), n (items both score), undefined_resamples
-    "AUROC of A minus AUROC of B on the items both score, with a paired 95% bootstrap interval (the same resampled items for both)."
-    a, b, y = np.asarray(score_a, float), np.asarray(score_b, float), np.asarray(positive, bool)
-    if not (a.shape == b.shape == y.shape): raise ValueError(f"{a.size} and {b.size} scores for {y.size} items: the comparison needs the same items")
-    keep = ~(np.isnan(a) | np.isnan(b))
-    a, b, y = a[keep], b[keep], y[keep]
-    diff = lambda ix: _auroc(a[ix], y[ix]) - _auroc(b[ix], y[ix])   # NaN when the items hold one class only
-    point = diff(np.arange(len(y)))
-    lo, hi, undefined = index_bootstrap_ci(len(y), diff, n_boot, seed=seed) if not math.isnan(point) else (float('nan'), float('nan'), 0)
-    auc = lambda s: _auroc(s, y) if len(y) else float('nan')
-    return dict(diff=point, lo=lo, hi=hi, a=auc(a), b=auc(b), n=len(y), undefined_resamples=undefined)
