@@ -17,19 +17,19 @@ from ..metrics import bootstrap_ci, accuracy, compare_paired
 from ..parsing import ParsedAnswer, parse_answer_statement, parse_mcq_answer, parse_option
 from ..config import quiet_loading, LLMParams, SMOKE_LLM, comma_list_of
 from ..llm import LLM
-from ..report import ci_row, comparison_rows, table_value
+from ..report import ci_row, comparison_rows, table_value, prior_rows
 from pydantic import Field, field_validator
 from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['RAG2_SYSTEMS', 'PARAMS', 'PROFILES', 'RATIONALE_INSTRUCTION', 'ANSWER_INSTRUCTION', 'ANSWER_MODES',
-           'FREE_TEXT_TOKENS', 'QUERY_VARIANTS', 'STRATEGIES', 'FILTER_TEMPLATE', 'PREFILL_TPS', 'DECODE_TPS',
-           'Rag2Params', 'check_mcq', 'format_mcq', 'snippet_text', 'query_rationale_messages', 'answer_messages',
-           'cot_followup_messages', 'answer_item', 'strip_final_answer', 'make_query', 'MultiCorpus', 'retrieve',
-           'corpus_share', 'rationale_ppl', 'delta_ppl', 'helpful_threshold', 'ppl_labels', 'MiniLMFilter',
+           'FREE_TEXT_TOKENS', 'QUERY_VARIANTS', 'STRATEGIES', 'FILTER_TEMPLATE', 'CONTENT_FREE', 'PREFILL_TPS',
+           'DECODE_TPS', 'Rag2Params', 'check_mcq', 'format_mcq', 'snippet_text', 'query_rationale_messages',
+           'answer_messages', 'cot_followup_messages', 'answer_item', 'strip_final_answer', 'make_query', 'MultiCorpus',
+           'retrieve', 'corpus_share', 'rationale_ppl', 'delta_ppl', 'helpful_threshold', 'ppl_labels', 'MiniLMFilter',
            'Seq2SeqFilter', 'make_filter', 'apply_filter', 'calibrate_filter_threshold', 'out_of_fold_proba',
-           'filter_report', 'rag2_prompt', 'eval_train_split', 'paired_accuracy_rows', 'comparison_of', 'cost_rows',
-           'run_compute']
+           'filter_report', 'rag2_prompt', 'eval_train_split', 'paired_accuracy_rows', 'comparison_of', 'headline_rows',
+           'content_free_answers', 'cost_rows', 'run_compute']
 
 # %% ../../nbs/31_rag2_method.ipynb #91d604bc
 RAG2_SYSTEMS = ('closed book', 'standard RAG', 'RAG² without filter', 'RAG²')   # the headline systems, simplest first
@@ -554,7 +554,7 @@ def paired_accuracy_rows(items: pd.DataFrame, # one row per (dataset, item_id, s
             rows += comparison_rows(f'{label} / {name}', c)
     return pd.DataFrame(rows, columns=['row', 'metric', 'ours', 'ci_low', 'ci_high', 'n', 'note'])
 
-def comparison_of(rows: pd.DataFrame, # `paired_accuracy_rows` (or the table `Results.table` wrote of them)
+def comparison_of(rows: pd.DataFrame, # `paired_accuracy_rows` or `headline_rows` (or the table `Results.table` wrote of them)
                   row: str, # '<method> vs <baseline> / <dataset>'
                  ) -> dict: # diff, lo, hi, p_mcnemar, n, verdict, note
     "A comparison read back from its rows, in the form `metrics.compare_paired` gives (what `report.comparison_text` reads)."
@@ -562,6 +562,69 @@ def comparison_of(rows: pd.DataFrame, # `paired_accuracy_rows` (or the table `Re
     note = str(table_value(rows, row, d, 'note'))
     return dict(diff=table_value(rows, row, d), lo=table_value(rows, row, d, 'ci_low'), hi=table_value(rows, row, d, 'ci_high'),
                 p_mcnemar=table_value(rows, row, 'McNemar p'), n=int(table_value(rows, row, d, 'n')), verdict=note.split(':')[0], note=note)
+
+# %% ../../nbs/31_rag2_method.ipynb #3e1d2419
+def _common_offsets(calibration: Mapping[str, Mapping[str, Mapping[str, float]]], # dataset -> system -> option -> offset
+                    datasets: Sequence[str], systems: Sequence[str]) -> dict[str, dict[str, float]]:
+    "Per system, the offsets every one of `datasets` shares (systems whose offsets differ, or are missing, are left out)."
+    out = {}
+    for s in systems:
+        offs = [calibration.get(d, {}).get(s) for d in datasets]
+        if not offs or any(o is None for o in offs): continue
+        if all(set(o) == set(offs[0]) and all(abs(o[k] - offs[0][k]) <= 1e-12 for k in o) for o in offs): out[s] = dict(offs[0])
+    return out
+
+# %% ../../nbs/31_rag2_method.ipynb #913b558d
+def headline_rows(items: pd.DataFrame, # items_headline rows: dataset, item_id, system, pred (None: no answer), gold, option_logprobs
+                  systems: Sequence[str], # systems to report, in order
+                  comparisons: Sequence[tuple[str, str]], # (method, baseline) pairs
+                  dataset_names: Mapping[str, str], # dataset key -> its subset name in the rows, in order
+                  pooled: str | None = None, # the pooled subset's name, reported first (None: no pooled rows)
+                  dev_gold: Mapping[str, Sequence[str]] | None = None, # dataset -> gold letters of its dev split (the majority baseline)
+                  names: Mapping[str, str] | None = None, # option -> label readers know ({'A': 'yes', ...}); None: the letters
+                  yes_no: tuple[str, str] | None = None, # the options meaning yes and no (always-yes, margin AUROC)
+                  calibration: Mapping[str, Mapping[str, Mapping[str, float]]] | None = None, # dataset -> system -> option offsets
+                  calibration_label: str = 'calibrated', # how the offsets were fitted, e.g. 'calibrated: content-free'
+                  paper_diffs: Mapping[tuple[str, str], float] | None = None, # ('<method> vs <baseline>', subset name) -> the paper's Δ
+                  seed: int = 42,
+                 ) -> pd.DataFrame: # contract rows: row, metric, ours, ci_low, ci_high, n, note
+    "`report.prior_rows` for the pooled subset (each item against its own dataset's dev majority), then for each dataset."
+    d = items[items.dataset.isin(list(dataset_names)) & items.system.isin(list(systems))]
+    keys = list(zip(d.dataset, d.item_id.astype(str)))
+    order = {k: i for i, k in enumerate(dict.fromkeys(keys))}   # sample order: the order the intervals were drawn in
+    d = d.assign(item_id=[f'{order[k]:07d}' for k in keys])
+    present = [k for k in dataset_names if k in set(d.dataset)]
+    cal, dev = calibration or {}, dev_gold or {}
+    def rows(subset: str, part: pd.DataFrame, gold_dev, offsets) -> pd.DataFrame:
+        diffs = {(m, b): (paper_diffs or {})[f'{m} vs {b}', subset] for m, b in comparisons if (f'{m} vs {b}', subset) in (paper_diffs or {})}
+        return prior_rows(part, subset, systems, comparisons, dev_gold=gold_dev, names=names, yes_no=yes_no,
+                          calibration=offsets or None, calibration_label=calibration_label, paper_diffs=diffs, seed=seed)
+    out = [rows(pooled, d, {k: list(dev[k]) for k in present if k in dev}, _common_offsets(cal, present, systems))] if pooled else []
+    out += [rows(dataset_names[k], d[d.dataset == k], list(dev.get(k, ())), cal.get(k)) for k in present]
+    return pd.concat(out, ignore_index=True)
+
+# %% ../../nbs/31_rag2_method.ipynb #069a1777
+CONTENT_FREE = 'N/A'   # the content-free input: every content slot of a prompt filled with it
+
+def content_free_answers(llm: LLM, options: Mapping[str, str], # the dataset's options: their letters are kept
+                         filt, threshold: float, # RAG²'s fitted filter and its decision threshold
+                         top_k: int, # snippets in the retrieval systems' prompts (`top_k`)
+                         systems: Sequence[str] = RAG2_SYSTEMS, # systems to answer for
+                         label_options: bool = False, # True: the option texts are answer labels (yes / no / maybe) and stay
+                        ) -> dict[str, dict]: # system -> answer (scored ParsedAnswer), messages, snippets (in the prompt)
+    "Each headline system's scored answer to a content-free question (and content-free snippets): the prior of its prompt."
+    if top_k < 1: raise ValueError(f"top_k must be >= 1, got {top_k}")
+    opts = check_mcq(CONTENT_FREE, options)
+    if not label_options: opts = {k: CONTENT_FREE for k in opts}
+    snippets, ids = [CONTENT_FREE] * top_k, [f'content-free {i}' for i in range(1, top_k + 1)]
+    prompts = {'closed book': (answer_messages(CONTENT_FREE, opts), []),
+               'standard RAG': (answer_messages(CONTENT_FREE, opts, snippets), ids),
+               'RAG² without filter': (answer_messages(CONTENT_FREE, opts, snippets), ids)}
+    if 'RAG²' in systems: prompts['RAG²'] = rag2_prompt(filt, CONTENT_FREE, opts, ids, snippets, threshold)[:2]
+    unknown = [s for s in systems if s not in prompts]
+    if unknown: raise ValueError(f"no content-free prompt for {unknown}; systems are {RAG2_SYSTEMS}")
+    return {s: dict(answer=answer_item(llm, prompts[s][0], opts, ('scored',))['scored'], messages=prompts[s][0],
+                    snippets=len(prompts[s][1])) for s in systems}
 
 # %% ../../nbs/31_rag2_method.ipynb #340bfca8
 PREFILL_TPS, DECODE_TPS = 49.0, 19.0   # the 1.5B on one thread of this machine (tokens/s), for the budget estimate
