@@ -423,8 +423,6 @@ def note_verdict(note: str | None, # a comparison row's note: '<verdict>: <value
                 ) -> tuple[str, str]: # (verdict, why)
     "A comparison's note split into its verdict (the text before the first ':') and why, shortened when it is long."
     note = '' if note is None or (isinstance(note, float) and math.isnan(note)) else str(note).strip()
-    if note.startswith('verdict on '):   # 'verdict on macro-F1 (the paper's metric): undecided, -0.033, 95% CI [..]; ...'
-        note = note.partition(':')[2].strip().replace(',', ':', 1)
     verdict, _, rest = note.partition(':')
     clauses = [c.strip() for c in rest.split(';') if not c.strip().startswith('paper:')]  # the paper column shows its value
     if clauses: clauses[0] = _RESTATED.sub('', clauses[0])

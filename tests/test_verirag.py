@@ -326,11 +326,11 @@ def test_score_and_compare_rows_hold_each_interval_beside_its_value():
     assert [r['metric'] for r in rows] == ['Δ accuracy (points)', 'McNemar p', 'Δ macro-F1']   # no scores: no Δ AUROC, no verdict called
     assert (rows[0]['ours'], rows[0]['ci_low'], rows[0]['ci_high']) == (d['acc']['diff'], d['acc']['lo'], d['acc']['hi'])
     assert (rows[2]['ours'], rows[2]['ci_low'], rows[2]['ci_high']) == (d['f1']['diff'], d['f1']['lo'], d['f1']['hi'])
-    assert 'ci_low' not in rows[1] and len({r['note'] for r in rows}) == 1 and rows[0]['note'].startswith('verdict: undecided — too few paired items')
+    assert 'ci_low' not in rows[1] and len({r['note'] for r in rows}) == 1 and rows[0]['note'].startswith('undecided: too few paired items')
     d = compare_verdicts(truth * 2, verdicts * 2, ['Invalid'] * 40, seed=1, method_score=[1.0, -1.0] * 20, baseline_score=[0.0] * 40)
     rows = compare_rows('VERIRAG vs all-Invalid / toy', d)
     assert rows[-1]['metric'] == 'Δ AUROC' and (rows[-1]['ours'], d['auroc']['b']) == (0.5, 0.5)   # a constant ranks nothing
-    assert d['f1']['lo'] > 0 and d['verdict'] == 'confirmed' and rows[0]['note'].startswith('verdict: confirmed — ')
+    assert d['f1']['lo'] > 0 and d['verdict'] == 'confirmed' and rows[0]['note'].startswith('confirmed: ')
     assert not any(re.search(r'CI (low|high)', r['metric']) for r in rows)                  # what `Results.table` refuses
 
 def test_selfrag_schema_wants_one_critique_per_passage():

@@ -877,9 +877,9 @@ def _auroc_text(au: dict | None) -> str:
 def compare_rows(row: str, # '<method> vs <baseline> / <subset>'
                  d: dict, # `compare_verdicts`
                  method: str = 'VERIRAG') -> list[dict]:
-    "Results rows of a `compare_verdicts`: Δ accuracy (points), McNemar p, Δ macro-F1, Δ AUROC (when scored); the verdict and its reason lead the note."
+    "Results rows of a `compare_verdicts`: Δ accuracy (points), McNemar p, Δ macro-F1, Δ AUROC (when scored); the verdict opens the note (then its reason), as in every chapter."
     fd, acc, au = d['f1'], d['acc'], d['auroc']
-    note = (f"verdict: {d['verdict']} — {d['reason']}; Δ macro-F1 (the paper's metric) {fd['diff']:+.3f}, 95% CI [{fd['lo']:+.3f}, "
+    note = (f"{d['verdict']}: {d['reason']}; Δ macro-F1 (the paper's metric) {fd['diff']:+.3f}, 95% CI [{fd['lo']:+.3f}, "
             f"{fd['hi']:+.3f}]; {_auroc_text(au)}; on accuracy: {acc['note']}; {method} right / baseline right on "
             f"{acc['wins']} / {acc['losses']} claims")
     rows = comparison_rows(row, acc, note) + [ci_row(row, 'Δ macro-F1', fd['diff'], fd['lo'], fd['hi'], acc['n'], note)]
