@@ -24,8 +24,8 @@ __all__ = ['PAPER_SLUGS', 'RESULT_COLUMNS', 'CSV_SIGNIFICANT_DIGITS', 'ITEM_COLU
            'without_wall_time', 'table_digests', 'prompt_digests', 'Results', 'start_run', 'start_notebook',
            'row_parts', 'ci_row', 'accuracy_row', 'comparison_rows', 'ci_text', 'comparison_text', 'table_value',
            'share_metric', 'option_scores', 'prior_rows', 'headline_view', 'calibration_rows', 'calibration_offsets',
-           'set_style', 'scorecard', 'scorecard_text', 'rounded_for_reading', 'write_index', 'local_mathjax',
-           'item_browser', 'site_sources', 'jupyter_book', 'build_site']
+           'calibrated_system', 'set_style', 'scorecard', 'scorecard_text', 'rounded_for_reading', 'write_index',
+           'local_mathjax', 'item_browser', 'site_sources', 'jupyter_book', 'build_site']
 
 # %% ../nbs/07_report.ipynb #ca90c1a0
 PAPER_SLUGS = tuple(PAPERS)   # from the registry: the papers in their order
@@ -532,6 +532,21 @@ def calibration_offsets(t: pd.DataFrame, # a table of `calibration_rows` (as wri
         if (m := re.fullmatch(r'offset (\S+) \((.+)\)', str(r.metric))) and m[2] == kind: out.setdefault(r.row, {})[m[1]] = float(r.ours)
     return out
 
+
+# %% ../nbs/07_report.ipynb #8155cb02
+def calibrated_system(items: pd.DataFrame, # answers: system, pred, gold, option_logprobs (dicts or their JSON), ...
+                      system: str, # the system to calibrate
+                      offsets: Mapping[str, float], # its option offsets (`metrics.fit_option_bias`, `content_free_bias`)
+                      name: str, # the new system's name
+                     ) -> pd.DataFrame: # the new system's rows: answers and option scores after the offsets
+    "One system with its calibration applied, as a system of its own (its answer: the option with the highest shifted score)."
+    d = items[items.system == system]
+    scores = [option_scores(v) for v in d.option_logprobs]
+    if not len(d) or any(x is None for x in scores): raise ValueError(f"{system}: not every answer has option scores to calibrate")
+    shifted = [apply_option_bias(x, offsets) for x in scores]
+    pred = [max(x, key=x.get) for x in shifted]
+    out = d.assign(system=name, option_logprobs=shifted, pred=pred)
+    return out.assign(correct=[p == g for p, g in zip(pred, d.gold)]) if 'correct' in d else out
 
 # %% ../nbs/07_report.ipynb #1d4328ca
 def set_style() -> None:

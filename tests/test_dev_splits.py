@@ -43,7 +43,7 @@ SAMPLE_LINES = {
                                "test_items(d, P.n, seed=P.seed) for d in RUN_DS",
                                "samples['pubmedqa'] = test_items('pubmedqa', P.n_pubmedqa, seed=P.seed)"]),
     'pubmed_reasoner': ('50_pubmed_reasoner.ipynb', ["pq = test_items('pubmedqa', P.n, P.seed)", "ck = test_items('mmlu_ck', P.n_mmlu, P.seed)"]),
-    'comparison': ('60_comparison.ipynb', ["wide = align(preds, P.min_shared)"]),
+    'comparison': ('60_comparison.ipynb', ["items = shared_items(load_predictions(SOURCE, P.dataset, available), P.min_shared)"]),
     'verirag': ('40_verirag.ipynb', ["test_cases = claim_cases(P.claim_sets, 'test', P.n, P.seed)",
                                      "train_cases = claim_cases(P.claim_sets, 'train', P.n_train, P.seed)"]),
     'claim_aware': ('20_claim_aware.ipynb', ["test_ids = test_ids_all[:P.n] if P.n else test_ids_all",

@@ -11,13 +11,12 @@ import numpy as np
 import pandas as pd
 from pydantic import Field
 from ..config import NotebookParams
-from ..report import calibration_offsets, option_scores, prior_rows
-from ..metrics import apply_option_bias
+from ..report import calibration_offsets, calibrated_system, option_scores, prior_rows
 
 # %% auto #0
 __all__ = ['PARAMS', 'PROFILES', 'SYSTEMS', 'SHARED_CLOSED_BOOK', 'SHARED_CALIBRATED', 'COMPARISONS', 'COST_METRICS',
            'ComparisonParams', 'load_predictions', 'shared_items', 'dataset_key', 'load_costs', 'cost_rows',
-           'chapter_calibration', 'calibrated_entry']
+           'chapter_calibration']
 
 # %% ../../nbs/61_comparison_method.ipynb #e3efa1e8
 class ComparisonParams(NotebookParams):
@@ -131,15 +130,3 @@ def chapter_calibration(root: Path | str, # output root holding reports/<slug>/c
             system, _, subset = row.rpartition(' / ')
             if system == label and dataset_key(subset) == dataset_key(dataset): out[name] = off
     return out
-
-def calibrated_entry(items: pd.DataFrame, # `shared_items` rows
-                     system: str, # the entry to calibrate
-                     offsets: Mapping[str, float], # its option offsets
-                     name: str, # the new entry's name
-                    ) -> pd.DataFrame: # the new entry's rows: answers and option scores after the offsets
-    "One entry with its calibration applied, as an entry of its own (its answer: the option with the highest shifted score)."
-    d = items[items.system == system]
-    if d.option_logprobs.isna().any(): raise ValueError(f"{system}: some answers have no option scores to calibrate")
-    shifted = [apply_option_bias(x, offsets) for x in d.option_logprobs]
-    pred = [max(x, key=x.get) for x in shifted]
-    return d.assign(system=name, option_logprobs=shifted, pred=pred, correct=[p == g for p, g in zip(pred, d.gold)])
