@@ -21,10 +21,10 @@ import numpy as np
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['Messages', 'Source', 'PREFILL_CHUNK', 'BACKENDS', 'LLMError', 'as_messages', 'GenConfig', 'CallResult', 'Generation',
-           'Score', 'Choice', 'LLM', 'default_threads', 'GreedyGrammarSampler', 'use_greedy_grammar_sampler',
-           'LlamaCppLLM', 'verify_records', 'TransformersLLM', 'retry_call', 'OpenAILLM', 'get_llm', 'StructuredResult',
-           'chat_structured']
+__all__ = ['Messages', 'Source', 'PREFILL_CHUNK', 'BACKENDS', 'OPENAI_OPTIONS', 'LLMError', 'as_messages', 'GenConfig',
+           'CallResult', 'Generation', 'Score', 'Choice', 'LLM', 'default_threads', 'GreedyGrammarSampler',
+           'use_greedy_grammar_sampler', 'LlamaCppLLM', 'verify_records', 'TransformersLLM', 'retry_call', 'OpenAILLM',
+           'get_llm', 'StructuredResult', 'chat_structured']
 
 # %% ../nbs/04c_llm.ipynb #d27ae200
 class LLMError(RuntimeError):
@@ -668,12 +668,21 @@ class OpenAILLM(LLM):
                  backoff: float = 1.0, # first retry wait in seconds
                  workers: int = 4, # concurrent requests in `chat_many`
                  requests_per_second: float | None = None, # rate limit across workers
+                 schema_format: Literal['json_schema', 'json_object'] = 'json_schema', # how a JSON schema is sent (above)
+                 strict_schema: bool = False, # OpenAI: enforce the schema exactly (it must be in OpenAI's strict subset)
                  **kw):
         from openai import OpenAI
+        if not 0 < timeout <= 3600: raise ValueError(f"timeout must be more than 0 and at most 3600 seconds, got {timeout!r}")
+        if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 20:
+            raise ValueError(f"retries must be a whole number from 0 to 20, got {retries!r}")
+        if schema_format not in ('json_schema', 'json_object'):
+            raise ValueError(f"schema_format must be 'json_schema' (OpenAI, vLLM, llama-server) or 'json_object' "
+                             f"(llama-cpp-python's server), got {schema_format!r}")
         super().__init__(model, **kw)
         key = os.environ.get(api_key_env) or ('not-needed' if base_url else None)
         if key is None: raise LLMError(f"backend 'openai' without base_url needs an API key in ${api_key_env}.")
         self.base_url, self.retries, self.backoff, self.workers = base_url, retries, backoff, workers
+        self.schema_format, self.strict_schema = schema_format, strict_schema
         self.client = OpenAI(base_url=base_url, api_key=key, timeout=timeout, max_retries=0)
         self.limiter = RateLimiter(requests_per_second)
         self.fingerprint = f"{base_url or 'https://api.openai.com/v1'}|{model}"
@@ -684,18 +693,25 @@ class OpenAILLM(LLM):
                           _openai_retryable)
 
     def _response_format(self, cfg: GenConfig) -> dict | None:
-        if cfg.json_schema and self.base_url is None:
-            return {'type': 'json_schema', 'json_schema': {'name': 'response', 'schema': cfg.json_schema}}
-        if cfg.json_mode or cfg.json_schema:
-            return {'type': 'json_object', **({'schema': cfg.json_schema} if cfg.json_schema else {})}
-        return None
+        "The request's `response_format`: JSON mode without a schema, else the schema in the form the server reads."
+        if not cfg.json_schema: return {'type': 'json_object'} if cfg.json_mode else None
+        if self.schema_format == 'json_object': return {'type': 'json_object', 'schema': cfg.json_schema}
+        return {'type': 'json_schema', 'json_schema': {'name': 'response', 'schema': cfg.json_schema, 'strict': self.strict_schema}}
 
     def _chat_one(self, msgs: Messages, cfg: GenConfig) -> dict:
         t0 = time.perf_counter()
+        import openai
         extra = {'response_format': rf} if (rf := self._response_format(cfg)) else {}
-        r = self._call(lambda: self.client.chat.completions.create(
-            model=self.model, messages=msgs, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
-            stop=list(cfg.stop) or None, seed=cfg.seed, **extra), 'chat completion')
+        def create():
+            try: return self.client.chat.completions.create(model=self.model, messages=msgs, temperature=cfg.temperature,
+                                                             max_tokens=cfg.max_tokens, stop=list(cfg.stop) or None, seed=cfg.seed, **extra)
+            except openai.APIStatusError as e:   # a server that reads only the json_object form refuses the default one
+                # (llama-cpp-python's answers 500 naming response_format): a refusal, so not retried
+                if extra and rf['type'] == 'json_schema' and (e.status_code in (400, 422) or 'response_format' in str(e)):
+                    raise LLMError(f"HTTP {e.status_code}: {str(e.body)[:300]}; if this server reads only {{'type': 'json_object', "
+                                   f"'schema': ...}} (llama-cpp-python's server does), pass schema_format='json_object'") from None
+                raise
+        r = self._call(create, 'chat completion')
         ch = r.choices[0]
         u = r.usage
         return dict(text=ch.message.content or '', finish_reason=ch.finish_reason, prompt_tokens=u.prompt_tokens if u else 0,
@@ -726,9 +742,10 @@ def _score(self: OpenAILLM, context: str | Messages, continuation: str) -> dict:
 
 # %% ../nbs/04c_llm.ipynb #fe51a4d1
 BACKENDS: dict[str, type[LLM]] = {'llamacpp': LlamaCppLLM, 'transformers': TransformersLLM, 'openai': OpenAILLM}
+OPENAI_OPTIONS = ('timeout', 'retries', 'schema_format')   # request options of backend 'openai' that parameters may carry
 
 def get_llm(params: LLMParams | None = None, # a notebook's parameters (backend, model, base_url, temperature, max_tokens, seed)
-            **kw, # or override them / pass backend options (n_ctx, timeout, workers, cache, ledger, ...)
+            **kw, # or override them / pass backend options (n_ctx, timeout, retries, workers, cache, ledger, ...)
            ) -> LLM:
     "The backend instance the parameters name, with their decoding defaults."
     p = params.model_dump() if params is not None else {}
@@ -737,7 +754,9 @@ def get_llm(params: LLMParams | None = None, # a notebook's parameters (backend,
     if backend not in BACKENDS: raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     model = conf['model'] or LLMParams.model_fields['model'].default
     defaults = GenConfig(**{k: conf[k] for k in ('temperature', 'max_tokens', 'seed') if conf[k] is not None})
-    if backend == 'openai': kw['base_url'] = conf['base_url']
+    if backend == 'openai':
+        kw['base_url'] = conf['base_url']
+        kw |= {k: p[k] for k in OPENAI_OPTIONS if p.get(k) is not None and k not in kw}   # the call's own options win
     elif conf['base_url']: raise ValueError(f"base_url is only for backend='openai', not {backend!r}")
     return BACKENDS[backend](model, defaults=defaults, **kw)
 

@@ -16,9 +16,9 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['Run', 'BM25_METHODS', 'FEATURE_NAMES', 'as_queries', 'top_k', 'BM25Index', 'RankBM25Index', 'same_rankings', 'Vocab',
-           'ContrastiveDualEncoder', 'minilm_path', 'SentenceTransformerEncoder', 'FlagEncoder', 'cached_encode',
-           'DenseIndex', 'rrf', 'Reranker', 'fit_tfidf', 'FeatureReranker', 'CrossEncoderReranker', 'EmbeddingReranker',
-           'SigmoidReranker', 'make_reranker', 'IndexReranker']
+           'ContrastiveDualEncoder', 'minilm_path', 'SentenceTransformerEncoder', 'checkpoint_source', 'FlagEncoder',
+           'cached_encode', 'DenseIndex', 'rrf', 'Reranker', 'fit_tfidf', 'FeatureReranker', 'CrossEncoderReranker',
+           'EmbeddingReranker', 'make_reranker', 'IndexReranker']
 
 # %% ../nbs/05_retrieval.ipynb #cc9e9675
 Run = dict[str, dict[str, float]]
@@ -254,19 +254,48 @@ class SentenceTransformerEncoder:
         return self.model.encode([pre + t for t in texts], batch_size=self.batch_size, normalize_embeddings=True,
                                  convert_to_numpy=True, show_progress_bar=False).astype(np.float32)
 
+# %% ../nbs/05_retrieval.ipynb #a1c0f3e2
+def checkpoint_source(model: str | Path, # a checkpoint folder, or a hub id such as 'BAAI/bge-reranker-v2-m3'
+                      what: str = 'model', # what the checkpoint is, for the message
+                     ) -> str: # what FlagEmbedding (or transformers) should load
+    "`model` checked before anything loads: a folder must hold `config.json`; with the hub offline, a hub id must be cached."
+    s = str(model)
+    p = Path(s).expanduser()
+    if p.is_dir():
+        if not (p / 'config.json').is_file(): raise FileNotFoundError(f"{what} folder {p} has no config.json: not a saved checkpoint")
+        return str(p)
+    # written as a path (absolute, ./, ~, deeper than org/name) it names a folder, never a hub id
+    if p.exists() or p.is_absolute() or s.startswith(('.', '~')) or s.count('/') > 1:
+        raise FileNotFoundError(f"no {what} folder at {p}")
+    from huggingface_hub import constants, try_to_load_from_cache
+    if constants.HF_HUB_OFFLINE:
+        try: cached = isinstance(try_to_load_from_cache(s, 'config.json'), str)
+        except ValueError: cached = False   # not even a valid hub id
+        if not cached: raise FileNotFoundError(f"{what} {s!r} is no folder here and no cached hub copy, and the hub is offline "
+                                               f"(HF_HUB_OFFLINE=1): pass the folder holding its weights")
+    return s
+
+# %% ../nbs/05_retrieval.ipynb #c3e2f5a4
 class FlagEncoder:
-    "A FlagEmbedding (BGE-family) bi-encoder; queries get the model's retrieval instruction."
-    def __init__(self, model: str | Path = 'BAAI/bge-small-en-v1.5', # hub id or local path
-                 query_instruction: str | None = 'Represent this sentence for searching relevant passages: ',
-                 batch_size: int = 64, max_length: int = 256):
+    "A BGE-family bi-encoder through FlagEmbedding's `FlagModel`: [CLS] pooling, normalised; queries get the retrieval instruction."
+    def __init__(self, model: str | Path = 'BAAI/bge-small-en-v1.5', # hub id or local folder
+                 query_instruction: str | None = 'Represent this sentence for searching relevant passages: ', # queries only
+                 batch_size: int = 64, # texts per forward pass
+                 max_length: int = 256, # tokens kept per text
+                ):
         from FlagEmbedding import FlagModel
-        self.name = f"{Path(str(model)).name}-L{max_length}"
+        src = checkpoint_source(model, 'BGE encoder')
+        # the name keys the embedding cache, so it carries the truncation length and the query instruction
+        tag = f"-q{hashlib.sha256(query_instruction.encode()).hexdigest()[:8]}" if query_instruction else ''
+        self.name = f"{Path(str(model)).name}-L{max_length}{tag}"
         with quiet_loading():
-            self.model = FlagModel(str(model), query_instruction_for_retrieval=query_instruction, use_fp16=False,
-                                   devices='cpu', batch_size=batch_size, query_max_length=max_length,
-                                   passage_max_length=max_length, normalize_embeddings=True)
+            self.model = FlagModel(src, query_instruction_for_retrieval=query_instruction, use_fp16=False, devices='cpu',
+                                   batch_size=batch_size, query_max_length=max_length, passage_max_length=max_length,
+                                   pooling_method='cls', normalize_embeddings=True)
+        self.dim = self.model.model.config.hidden_size
 
     def encode(self, texts: Sequence[str], is_query: bool = False) -> np.ndarray:
+        if not len(texts): return np.zeros((0, self.dim), np.float32)   # FlagModel cannot pad an empty batch
         fn = self.model.encode_queries if is_query else self.model.encode_corpus
         return np.asarray(fn(list(texts)), dtype=np.float32)
 
@@ -399,23 +428,34 @@ class FeatureReranker(Reranker):
 
 # %% ../nbs/05_retrieval.ipynb #a903bdba
 class CrossEncoderReranker(Reranker):
-    "A cross-encoder reranker: backend 'sentence-transformers' (CrossEncoder) or 'flag' (FlagReranker)."
-    def __init__(self, model: str | Path, # local path or hub id
-                 corpus: Corpus, backend: str = 'sentence-transformers', batch_size: int = 32, max_length: int = 512):
+    "A cross-encoder reranker: FlagEmbedding's `FlagReranker` (backend 'flag') or sentence-transformers' `CrossEncoder`."
+    def __init__(self, model: str | Path, # local folder or hub id
+                 corpus: Corpus, # documents to score (title + text)
+                 backend: str = 'flag', # 'flag' or 'sentence-transformers'
+                 normalize: bool = False, # True: the sigmoid of the relevance logit, in [0, 1]; False: the logit
+                 batch_size: int = 32, # pairs per forward pass
+                 max_length: int = 512, # tokens per (query, passage) pair
+                ):
         if backend not in ('sentence-transformers', 'flag'): raise ValueError(f"unknown cross-encoder backend {backend!r}")
-        self.corpus, self.backend, self.batch_size, self.max_length = corpus, backend, batch_size, max_length
+        src = checkpoint_source(model, 'cross-encoder')
+        self.corpus, self.backend, self.normalize, self.batch_size, self.max_length = corpus, backend, normalize, batch_size, max_length
+        self.name = f'cross-encoder {model}'
         if backend == 'flag':
             from FlagEmbedding import FlagReranker
-            with quiet_loading(): self.model = FlagReranker(str(model), use_fp16=False, devices='cpu', batch_size=batch_size, max_length=max_length)
+            with quiet_loading(): self.model = FlagReranker(src, use_fp16=False, devices='cpu', batch_size=batch_size,
+                                                            max_length=max_length, normalize=normalize)
         else:
             from sentence_transformers import CrossEncoder
-            with quiet_loading(): self.model = CrossEncoder(str(model), device='cpu', max_length=max_length)
+            with quiet_loading(): self.model = CrossEncoder(src, device='cpu', max_length=max_length)
 
     def score(self, query: str, doc_ids: Sequence[str]) -> np.ndarray:
         pairs = [(query, self.corpus[d].full_text) for d in doc_ids]
         if not pairs: return np.zeros(0)
         if self.backend == 'flag': s = self.model.compute_score(pairs)
-        else: s = self.model.predict(pairs, batch_size=self.batch_size, show_progress_bar=False)
+        else:   # sentence-transformers squashes a one-logit head unless told: the same scale as FlagReranker
+            import torch
+            s = self.model.predict(pairs, batch_size=self.batch_size, show_progress_bar=False,
+                                   activation_fn=torch.nn.Sigmoid() if self.normalize else torch.nn.Identity())
         return np.atleast_1d(np.asarray(s, dtype=float))
 
 # %% ../nbs/05_retrieval.ipynb #7b68f85e
@@ -451,23 +491,14 @@ class EmbeddingReranker(Reranker):
         q = self.embed_queries([query])[0]
         return np.clip(np.stack([self._doc[str(d)] for d in doc_ids]) @ q, 0.0, 1.0).astype(float)
 
-class SigmoidReranker(Reranker):
-    "Another reranker's raw scores (e.g. cross-encoder logits) squashed to [0, 1] with the logistic function."
-    def __init__(self, base: Reranker, name: str = ''):
-        self.base, self.name = base, name or type(base).__name__
-    def score(self, query: str, doc_ids: Sequence[str]) -> np.ndarray:
-        return 1.0 / (1.0 + np.exp(-np.asarray(self.base.score(query, doc_ids), dtype=float)))
-
-def make_reranker(kind: str, # 'minilm' (embedded bi-encoder) or 'bge' (cross-encoder, needs its weights)
-                  corpus: Corpus,
-                  model: str | None = None, # cross-encoder path or hub id (default BAAI/bge-reranker-v2-m3)
+# %% ../nbs/05_retrieval.ipynb #d4f3a6b5
+def make_reranker(kind: str, # 'minilm' (embedded bi-encoder) or 'bge' (BGE cross-encoder through FlagEmbedding)
+                  corpus: Corpus, # documents to score
+                  model: str | Path | None = None, # the BGE cross-encoder's folder or hub id (None: BAAI/bge-reranker-v2-m3)
                  ) -> Reranker:
-    "The reranker of Algorithm 1, with scores in [0, 1]."
+    "The reranker of Algorithm 1, with scores in [0, 1]; a BGE checkpoint that cannot load fails here, before any scoring."
     if kind == 'minilm': return EmbeddingReranker(corpus)
-    if kind == 'bge':
-
-        m = model or 'BAAI/bge-reranker-v2-m3'
-        return SigmoidReranker(CrossEncoderReranker(m, corpus, backend='flag'), name=f'cross-encoder {m}')
+    if kind == 'bge': return CrossEncoderReranker(model or 'BAAI/bge-reranker-v2-m3', corpus, backend='flag', normalize=True)
     raise ValueError(f"unknown reranker {kind!r}; choose 'minilm' or 'bge'")
 
 # %% ../nbs/05_retrieval.ipynb #cf49db9d

@@ -59,8 +59,10 @@ class ReasonVerifyParams(LLMParams):
     bm25_k: int = Field(20, ge=1, le=1000)
     rerank_m: int = Field(5, ge=1, le=100)
     passage_words: int = Field(90, ge=10, le=2000, description="words kept per passage in the prompt")
-    reranker: Literal['minilm', 'bge'] = 'minilm'
-    reranker_model: str | None = Field(None, description="cross-encoder path or hub id for reranker='bge'")
+    reranker: Literal['minilm', 'bge'] = Field('minilm', description="minilm: the embedded MiniLM bi-encoder (cosine clipped "
+                 "to [0, 1]); bge: the paper's BGE cross-encoder through FlagEmbedding's FlagReranker (sigmoid of its logit)")
+    reranker_model: str | None = Field(None, description="the BGE cross-encoder's folder or hub id for reranker='bge', "
+                 "checked when given; None: BAAI/bge-reranker-v2-m3")
     tau_ovlp: float = Field(0.3, ge=0, le=1)
     tau_evid: float = Field(0.5, ge=0, le=1)
     dedup_threshold: float = Field(0.9, gt=0, le=1, description="cosine for near-duplicate questions")
@@ -72,6 +74,15 @@ class ReasonVerifyParams(LLMParams):
     @field_validator('datasets')
     @classmethod
     def _known_datasets(cls, v: str) -> str: return comma_list_of(v, {'bioasq', 'pubmedqa'}, 'datasets')
+
+    @field_validator('reranker_model')
+    @classmethod
+    def _reranker_model_loadable(cls, v: str | None) -> str | None:   # fails with the parameters, not after the LLM has loaded
+        from rag_lab.retrieval import checkpoint_source
+        if v is not None:
+            try: checkpoint_source(v, 'BGE reranker')
+            except FileNotFoundError as e: raise ValueError(str(e)) from None
+        return v
 
     @field_validator('shots')
     @classmethod
