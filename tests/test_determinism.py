@@ -129,6 +129,6 @@ def test_comparison_recomputes_its_published_table_on_a_clean_checkout(tmp_path)
                        cwd=clone, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     assert json.loads((published / 'run_meta.json').read_text())['profile'] == 'default'
-    assert {'cross_paper.csv', 'baseline_prompts.csv'} <= {Path(f).name for f in before}, before
+    assert {'cross_paper.csv'} <= {Path(f).name for f in before}, before
     assert table_digests(published) == before
     assert (clone / 'figures' / 'comparison' / 'accuracy_vs_compute.png').read_bytes() == png

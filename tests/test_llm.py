@@ -304,7 +304,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture
 def remote(server, tmp_path):
-    return OpenAILLM('smollm2', base_url=server, timeout=60, retries=1, backoff=0.1, workers=2,
+    return OpenAILLM('smollm2', base_url=server, timeout=60, retries=1, backoff=0.1, workers=2, schema_format='json_object',
                      cache=LLMCache(tmp_path / 'c.sqlite'), ledger=Ledger())
 
 
