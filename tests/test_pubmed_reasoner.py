@@ -7,7 +7,7 @@ import re
 from rag_lab.eutils import FIELD_TAGS, LocalEutilsServer, LocalPubMed, PubMedClient, PubMedError, PubMedQueryError, QuerySyntaxError, UnsupportedFieldError, normalize_query, parse_query, render_query, scope_query, mesh_terms
 from dataclasses import replace
 import numpy as np
-from rag_lab.papers.pubmed_reasoner import (AgentConfig, Question, ScriptedLLM, audit_citations, closed_book, gold_rank, justification,
+from rag_lab.papers.pubmed_reasoner import (AgentConfig, Question, ScriptedLLM, audit_citations, closed_book, gold_rank, justification, article_sentences,
                                             no_reflection, plain_rag, pubmed_reasoner, question_query, ratio_ci, read_final_answer,
                                             CONTENT_FREE, content_free_question)
 from rag_lab.text import tokenize
@@ -210,7 +210,7 @@ def _agent_script(state, cite='[PMID: 101]'):
                               | {'concepts': [['Asthma', ['Leukotrienes', 'Child', 'Adolescent', 'Steroids'][k % 4]]]})
         if 'Propose MeSH headings' in p: return json.dumps({'concepts': [['Asthma']]})
         if 'plausibly relevant' in p: return json.dumps({'keep': ['101', '102']})
-        if 'directly addresses the question' in p: return json.dumps({'items': [{'pmid': '101', 'evidence': 'e', 'aligned': 'Yes'}], 'sufficient': 'No'})
+        if 'directly addresses the question' in p: return json.dumps({'items': [{'pmid': '101', 'sentences': [1], 'aligned': 'Yes'}], 'sufficient': 'No'})
         return f'yes, leukotrienes matter in asthma {cite}\nFINAL ANSWER: A'
     return reply
 
@@ -278,8 +278,8 @@ def test_reading_stops_at_the_first_sufficient_batch(client):
     def reply(p):
         if 'directly addresses the question' in p:
             state['reads'] += 1
-            pmid = re.search(r'New articles:\n\[PMID: (\d+)\]', p)[1]
-            return json.dumps({'items': [{'pmid': pmid, 'evidence': 'e', 'aligned': 'Yes'}], 'sufficient': 'Yes' if state['reads'] == 2 else 'No'})
+            pmid = re.search(r'New articles, their sentences numbered:\n\[PMID: (\d+)\]', p)[1]
+            return json.dumps({'items': [{'pmid': pmid, 'sentences': [1], 'aligned': 'Yes'}], 'sufficient': 'Yes' if state['reads'] == 2 else 'No'})
         if 'Propose MeSH headings' in p: return json.dumps({'concepts': [['Asthma', 'Small Cell Lung Carcinoma']]})
         if 'plausibly relevant' in p: return json.dumps({'keep': ['101', '102', '103']})
         return _agent_script(dict(round=0))(p)
@@ -290,12 +290,14 @@ def test_reading_stops_at_the_first_sufficient_batch(client):
 
 def test_evidence_from_a_batch_is_kept_only_for_its_own_aligned_articles(client):
     # the reader names a PMID outside the batch, repeats one, and marks one not aligned: only one finding survives
-    items = [{'pmid': '999', 'evidence': 'made up', 'aligned': 'Yes'}, {'pmid': '101', 'evidence': 'real', 'aligned': 'Yes'},
-             {'pmid': '101', 'evidence': 'again', 'aligned': 'Yes'}, {'pmid': '102', 'evidence': 'off', 'aligned': 'No'}]
+    items = [{'pmid': '999', 'sentences': [1], 'aligned': 'Yes'}, {'pmid': '101', 'sentences': [1, 40], 'aligned': 'Yes'},
+             {'pmid': '101', 'sentences': [2], 'aligned': 'Yes'}, {'pmid': '102', 'sentences': [1], 'aligned': 'No'}]
     reply = lambda p: json.dumps({'items': items, 'sufficient': 'No'}) if 'directly addresses the question' in p else _critic(None)(p)
     r = pubmed_reasoner(ScriptedLLM(reply), client, Question('q', 'Asthma?', dict(PQ), 'A', max_year=2020),
                         AgentConfig(critic_iters=0, **LEAN_CFG))
-    assert r.evidence == [('101', 'real')]
+    first = article_sentences(client.efetch(['101'])[0])[0]
+    assert r.evidence == [('101', first)]                                # quoted whole: the article's own first sentence
+    assert {k: [t for t in r.trace if t.get('stage') == 2][0][k] for k in ('aligned', 'bad_numbers')} == dict(aligned=1, bad_numbers=1)
 
 def test_ablations_reuse_the_agents_calls(client):
     # with the cache on, 'no reflection' computes only its own response: its Stage-1 calls are the agent's, replayed
@@ -308,7 +310,7 @@ def test_ablations_reuse_the_agents_calls(client):
     fresh = [r for r in llm.ledger.records[n0:] if r.source == 'computed']
     assert nr.final_query == full.final_query
     assert nr.calls.made['query_plan'] == nr.calls.made['critique'] == 1
-    assert [r.kind for r in fresh] == ['chat', 'choice']       # the response and its scored answer; Stage 1 came from the cache
+    assert [r.kind for r in fresh] == ['choice']               # only its scored answer; Stage 1 came from the cache
     n1 = len(llm.ledger.records)
     nsc = pubmed_reasoner(llm, client, QUESTION, replace(cfg, critic_iters=0), system='no self-critic')
     assert llm.ledger.records[n1].source == 'cache'            # its plan is the agent's plan
@@ -329,10 +331,11 @@ def test_traced_calls_of_an_ablation_include_those_it_shares_with_the_agent(clie
     assert len(full_keys) == n0 and len(set(full_keys) - set(nr_keys)) > 0
 
 def test_scored_answers_exist_when_the_response_is_junk(client):
-    junk = ScriptedLLM(lambda p: 'FINAL ANSWER: perhaps' if 'Reply in this format' in p else _critic(None)(p), chooser=lambda prompt, prefix: 'B')
-    for mode, want in (('scored', 'B'), ('free_text', None)):
-        r = pubmed_reasoner(junk, client, QUESTION, AgentConfig(critic_iters=0, answer_mode=mode, **LEAN_CFG))
-        assert (r.answer, r.scored.answer, r.free.status, r.calls.unparseable.get('answer')) == (want, 'B', 'unparseable', 1)
+    junk = ScriptedLLM(lambda p: 'FINAL ANSWER: perhaps' if 'Explain your answer' in p else _critic(None)(p), chooser=lambda prompt, prefix: 'B')
+    r = pubmed_reasoner(junk, client, QUESTION, AgentConfig(critic_iters=0, answer_mode='scored', **LEAN_CFG))
+    assert (r.answer, r.scored.answer, r.free, r.raw) == ('B', 'B', None, '')   # one protocol: scored right after the prompt
+    r = pubmed_reasoner(junk, client, QUESTION, AgentConfig(critic_iters=0, answer_mode='free_text', **LEAN_CFG))
+    assert (r.answer, r.scored.answer, r.free.status, r.calls.unparseable.get('answer')) == (None, 'B', 'unparseable', 1)
 
 def test_direct_baselines_write_no_response_unless_free_text(client):
     llm = ScriptedLLM(_agent_script(dict(round=0)))
@@ -415,7 +418,7 @@ def test_ratio_ci_brackets_the_ratio(pairs):
     assert ratio_ci(num[::-1], den[::-1])[0] == pytest.approx(v)    # order of items does not matter
 
 def test_gold_rank_lifts_only_the_exclusion(client):
-    q = Question('q', 'Asthma?', dict(PQ), 'A', max_year=2010, exclude_pmids=('101',))
+    q = Question('q', 'Asthma?', dict(PQ), 'A', max_year=2010, exclude_pmids=('101',), source_pmids=('101',))
     assert gold_rank(client, q, '"Asthma"[mesh]', depth=5) == 1
     assert gold_rank(client, Question(**{**q.__dict__, 'max_year': 2000}), '"Asthma"[mesh]', depth=5) is None   # the date limit stays
     assert gold_rank(client, q, None, depth=5) is None

@@ -20,36 +20,38 @@ from ..metrics import bootstrap_ci
 from ..text import split_sentences, tokenize
 
 # %% auto #0
-__all__ = ['PARAMS', 'PROFILES', 'Verdict', 'Short', 'TermText', 'Concepts', 'Verdicts', 'PmidText', 'SYSTEM', 'FINAL',
-           'ANSWER_SYSTEM', 'LEAN', 'CONTENT_FREE', 'AXES', 'PubmedReasonerParams', 'Question', 'cited_pmids',
-           'statements', 'audit_citations', 'relax_query', 'PubMedSession', 'article_text', 'fit_articles',
-           'question_query', 'MeshCandidate', 'MeshCandidates', 'QueryPlan', 'TermCritique', 'Critique', 'Keep',
-           'EvidenceItem', 'BatchReading', 'Summary', 'Reflection', 'Calls', 'mesh_candidates_messages',
-           'query_plan_messages', 'critique_messages', 'filter_messages', 'read_messages', 'summary_messages',
-           'reflection_messages', 'paper_summary_messages', 'answer_messages', 'direct_messages', 'justification',
-           'read_final_answer', 'AgentConfig', 'RunResult', 'respond', 'answer_directly', 'closed_book',
-           'critique_tokens', 'align_critique', 'plan_query', 'self_critic_search', 'reading_tokens',
-           'reflective_retrieval', 'summarize', 'pubmed_reasoner', 'no_reflection', 'plain_rag', 'self_reflection',
-           'context_variant', 'ScriptedLLM', 'content_free_question', 'ratio_ci', 'gold_rank', 'estimated_seconds',
-           'AxisScores', 'PairJudgement', 'judge_messages', 'judge_pair', 'win_tie_loss']
+__all__ = ['PARAMS', 'PROFILES', 'Verdict', 'TermText', 'Concepts', 'Verdicts', 'PmidText', 'SentenceIds', 'SYSTEM', 'FINAL',
+           'ANSWER_SYSTEM', 'LEAN', 'CONTENT_FREE', 'SUPPORT_OPTIONS', 'AXES', 'PubmedReasonerParams', 'Question',
+           'cited_pmids', 'statements', 'audit_citations', 'relax_query', 'PubMedSession', 'article_text',
+           'article_sentences', 'numbered_article', 'fit_articles', 'question_query', 'MeshCandidate', 'MeshCandidates',
+           'QueryPlan', 'TermCritique', 'Critique', 'Keep', 'EvidenceItem', 'BatchReading', 'Summary', 'Reflection',
+           'Calls', 'mesh_candidates_messages', 'query_plan_messages', 'critique_messages', 'filter_messages',
+           'read_messages', 'summary_messages', 'reflection_messages', 'paper_summary_messages', 'answer_messages',
+           'direct_messages', 'justification', 'read_final_answer', 'AgentConfig', 'RunResult', 'respond',
+           'answer_directly', 'closed_book', 'critique_tokens', 'align_critique', 'plan_query', 'self_critic_search',
+           'reading_tokens', 'quoted_finding', 'reflective_retrieval', 'summarize', 'pubmed_reasoner', 'no_reflection',
+           'plain_rag', 'oracle_context', 'self_reflection', 'context_variant', 'ScriptedLLM', 'content_free_question',
+           'ratio_ci', 'gold_rank', 'citation_pairs', 'lexical_support', 'support_messages', 'judge_support',
+           'mesh_recall_ceiling', 'estimated_seconds', 'AxisScores', 'PairJudgement', 'judge_messages', 'judge_pair',
+           'win_tie_loss']
 
 # %% ../../nbs/52_pubmed_reasoner_method.ipynb #3a8759df
 class PubmedReasonerParams(LLMParams):
     "PubMed Reasoner (paper 5). `n`: headline PubMedQA* questions (the shared nested sample; None = all 500)."
-    answer_mode: Literal['scored', 'free_text'] = Field('scored', description="headline answers: 'scored' = the option most likely after the response (choose_option); 'free_text' = its FINAL ANSWER line, parsed")
+    answer_mode: Literal['scored', 'free_text'] = Field('scored', description="every headline system answers one way: 'scored' = the option most likely right after a prompt showing its evidence (choose_option); 'free_text' = the FINAL ANSWER line of a response it writes, parsed")
     n_mmlu: int | None = Field(None, ge=0, le=100_000, description="MMLU clinical-knowledge questions (secondary); None = the headline pool (200 of the 265: the last 65 are the dev split), 0 = none")
-    n_free_text: int | None = Field(None, ge=0, le=100_000, description="the first headline items (at most n) on which closed book and plain RAG also write a response (free-text protocol); None = all")
+    n_free_text: int | None = Field(None, ge=0, le=100_000, description="the first headline items (at most n) on which PubMed Reasoner, closed book and plain RAG also write a cited response (free-text protocol, citation audit); None = all")
     n_secondary: int | None = Field(None, ge=0, le=100_000, description="the first headline items (at most n) for self-reflection, the pairwise judge and Table 6's variants; None = all, 0 = none")
     batch_size: int = Field(5, ge=1, le=100, description="m: articles read per call in Stage 2")
     max_articles: int = Field(20, ge=1, le=1000, description="M_max: records Stage 2 retrieves and filters")
     critic_iters: int = Field(3, ge=0, le=20, description="self-critic rounds, each judging the query and proposing a refinement (0: no self-critic)")
     top_k: int = Field(20, ge=1, le=1000, description="abstracts plain RAG and the no-reflection ablation read")
-    passage_chars: int = Field(5000, ge=100, le=100_000, description="characters of each abstract shown when an article is read")
+    passage_chars: int = Field(5000, ge=100, le=100_000, description="characters of each abstract shown when an article is read (whole sentences)")
     lean: bool = Field(False, description="cheaper operator settings for a small CPU model (see LEAN)")
-    exclude_source: bool = Field(True, description="never retrieve a PubMedQA question's own source abstract")
+    exclude_source: bool = Field(False, description="ablation of the corpus policy (02_data): never retrieve a PubMedQA question's own source abstract")
     eutils_url: str | None = Field(None, description="E-utilities base URL; None = the local service over the local corpus")
     relax_empty: bool | None = Field(None, description="retry zero-hit retrievals with terms ORed; None = on for the local service only")
-    undated_in_range: bool = Field(False, description="local service: records without a year meet every date limit")
+    undated_in_range: bool = Field(True, description="local service: records without a year (dates missing from the mirror) meet every date limit (the corpus policy, 02_data)")
 
     @model_validator(mode='after')
     def _judge_has_its_baseline(self):
@@ -69,15 +71,15 @@ class PubmedReasonerParams(LLMParams):
         return n_items if v is None else min(v, n_items)
 
     def needs(self) -> dict[str, tuple[set[str], str]]:
-        "Every system's answer is the option most likely after its prompt or response (`choose_option`), in both answer modes."
-        return {'backend': ({'chat', 'score_chat'}, "the answer step (the scored option, kept beside the FINAL ANSWER line in both answer modes)")}
+        "Every system's answer is scored (`choose_option`): the headline in the scored mode, the calibration and the citation judge in both."
+        return {'backend': ({'chat', 'score_chat'}, "the scored answer step and the citation-support judge (option log-probabilities after a chat prompt)")}
 
 PARAMS = PubmedReasonerParams
 PROFILES: dict[str, dict] = {   # profile -> the values it sets
     'smoke': dict(n=2, n_mmlu=1, n_free_text=1, n_secondary=1, max_articles=2, batch_size=2, critic_iters=1, top_k=1,
                   passage_chars=200, lean=True, **{**SMOKE_LLM, 'max_tokens': 48}),
-    'default': dict(n=150, n_mmlu=50, n_free_text=50, n_secondary=0, max_articles=4, batch_size=2, critic_iters=1, top_k=3,
-                    passage_chars=300, lean=True, max_tokens=160),
+    'default': dict(n=150, n_mmlu=50, n_free_text=50, n_secondary=0, max_articles=6, batch_size=3, critic_iters=2, top_k=3,
+                    passage_chars=1500, lean=True, max_tokens=160),
     # the paper's GPT-4o answers through an API that returns no option scores after a chat prompt, which every system's
     # answer step needs here (`needs`): an open model run by transformers (a GPU) stands in
     'paper': dict(n=None, n_mmlu=None, n_free_text=None, n_secondary=None, backend='transformers', model='meta-llama/Meta-Llama-3-8B-Instruct',
@@ -92,7 +94,8 @@ class Question:
     options: dict[str, str] # option letter -> text (PubMedQA*: A yes, B no, C maybe)
     gold: str # gold letter
     max_year: int | None = None # date limit for every search
-    exclude_pmids: tuple[str, ...] = () # records never to retrieve (the question's own source)
+    exclude_pmids: tuple[str, ...] = () # records never to retrieve (the source, when the corpus policy is ablated)
+    source_pmids: tuple[str, ...] = () # the article the question was written from (PubMedQA*: its PMID), for source recall and the oracle
     gold_mesh: tuple[str, ...] = () # PubMedQA MESHES of the source article (Table 4)
 
     def prompt_text(self) -> str:
@@ -175,6 +178,20 @@ def article_text(a: Article, # a record
     ab = a.abstract if chars is None or len(a.abstract) <= chars else a.abstract[:chars].rsplit(' ', 1)[0] + ' ...'
     return f'[PMID: {a.pmid}] {a.title}\n{ab}'
 
+def article_sentences(a: Article, # a record
+                      chars: int | None = None, # budget for the sentences (None: all); the first is always kept
+                     ) -> list[str]:
+    "An abstract's sentences, whole and in order, as many as fit in `chars`: what a reader numbers and the evidence quotes."
+    out, used = [], 0
+    for s in split_sentences(a.abstract, min_chars=1, careful=True):
+        if out and chars is not None and used + len(s) > chars: break
+        out.append(s); used += len(s) + 1
+    return out
+
+def numbered_article(a: Article, chars: int | None = None) -> str:
+    "`[PMID: x] title`, then the abstract's sentences numbered (1), (2), ... for a reader to pick from."
+    return f'[PMID: {a.pmid}] {a.title}\n' + ' '.join(f'({i}) {s}' for i, s in enumerate(article_sentences(a, chars), 1))
+
 def fit_articles(arts: Sequence[Article], # records to show together
                  total_chars: int = 6000, # budget for all abstracts (keeps a small model's 4k context safe)
                 ) -> str:
@@ -194,7 +211,6 @@ def question_query(text: str, # a question
 
 # %% ../../nbs/52_pubmed_reasoner_method.ipynb #d73ead95
 Verdict = Literal['Yes', 'No']
-Short = Annotated[str, StringConstraints(max_length=100)] # a rationale: a few words
 TermText = Annotated[str, StringConstraints(max_length=50)]
 Concepts = Annotated[list[Annotated[list[TermText], Field(max_length=3)]], Field(max_length=3)]   # at most 9 terms
 Verdicts = Annotated[list[Verdict], Field(max_length=9)]   # one per query term, in the order shown
@@ -219,10 +235,12 @@ class Critique(BaseModel):  # Eq. 6-8 as Yes/No lists in the order of the number
     concepts: Concepts = Field(description='the revised search as concept groups')
 class Keep(BaseModel):  # Eq. 12
     keep: list[PmidText] = Field(max_length=40, description='PMIDs of plausibly relevant records')
-class EvidenceItem(BaseModel):  # Eq. 13
+SentenceIds = Annotated[list[Annotated[int, Field(ge=1, le=99)]], Field(max_length=3)]   # numbers of an article's sentences
+
+class EvidenceItem(BaseModel):  # Eq. 13-14: the finding is quoted (the article's own sentences), never paraphrased under a cap
     pmid: PmidText
-    evidence: Annotated[str, StringConstraints(max_length=100)] = Field(description='the finding that bears on the question, one short sentence')
-    aligned: Verdict = Field(description='Yes if the finding directly addresses the question')
+    sentences: SentenceIds = Field(description='numbers of the sentences that report the finding bearing on the question')
+    aligned: Verdict = Field(description='Yes if the article directly addresses the question')
 class BatchReading(BaseModel):  # Eq. 13-15 for one batch
     items: list[EvidenceItem] = Field(max_length=10)
     sufficient: Verdict = Field(description='does the evidence so far cover the main aspects of the question?')
@@ -294,12 +312,12 @@ def _evidence_lines(evidence: Sequence[tuple[str, str]]) -> str:
 
 def read_messages(q: Question, batch: Sequence[Article], evidence: Sequence[tuple[str, str]], chars: int) -> list[dict]:  # Eq. 13-15
     return _p(f'Question: {q.prompt_text()}', f'Evidence so far:\n{_evidence_lines(evidence)}' if evidence else '',
-              'New articles:\n' + '\n\n'.join(article_text(a, chars) for a in batch),
-              'For each new article, state in one short sentence its finding that bears on the question, and whether it '
-              'directly addresses the question (aligned: Yes only if it is about the question\'s topic and helps answer it). '
-              'Then say whether the evidence so far and the aligned new findings cover the main aspects of the question '
-              '(sufficient: Yes or No). JSON: {"items": [{"pmid": "<pmid>", "evidence": "<finding>", "aligned": "Yes" or "No"}], '
-              '"sufficient": "Yes" or "No"}')
+              'New articles, their sentences numbered:\n' + '\n\n'.join(numbered_article(a, chars) for a in batch),
+              'For each new article, give the numbers of at most three sentences that report its finding on the question '
+              '(a result or a conclusion, not background), and whether the article directly addresses the question (aligned: '
+              'Yes only if it is about the question\'s topic and helps answer it). Then say whether the evidence so far and the '
+              'aligned new findings cover the main aspects of the question (sufficient: Yes or No). '
+              'JSON: {"items": [{"pmid": "<pmid>", "sentences": [<number>, ...], "aligned": "Yes" or "No"}], "sufficient": "Yes" or "No"}')
 
 def summary_messages(q: Question, material: str) -> list[dict]:  # SoE, shared with the baselines
     return _p(f'Question: {q.prompt_text()}', f'Evidence:\n{material}',
@@ -319,7 +337,7 @@ def paper_summary_messages(q: Question, batch: Sequence[Article]) -> list[dict]:
 
 # %% ../../nbs/52_pubmed_reasoner_method.ipynb #bd61c83e
 FINAL = 'FINAL ANSWER:'
-ANSWER_SYSTEM = 'You are a biomedical research assistant.'
+ANSWER_SYSTEM = 'You are a biomedical research assistant. You answer questions from evidence, in your own words.'
 
 def _user(q: Question, material: str | None, how: str) -> list[dict]:
     ev = f'Evidence:\n{material}' if material else ''
@@ -328,9 +346,11 @@ def _user(q: Question, material: str | None, how: str) -> list[dict]:
 
 def answer_messages(q: Question, material: str | None) -> list[dict]:  # response R, shared by every system that writes one
     "The response prompt: question and options, the material read, and the format (a short, cited justification, then the FINAL ANSWER line)."
-    cite = ', citing the evidence as [PMID: number]' if material else ''
-    # a format template: with "write the last line ..." instead, the 1.5B wrote the answer line 1 time in 6, with it 3 in 6
-    return _user(q, material, f'Reply in this format:\n<two or three sentences that justify the answer{cite}>\n{FINAL} <one letter: {", ".join(q.options)}>')
+    cite = ', and cite the evidence you use as [PMID: number]' if material else ''
+    # instructions, no template to fill in: the 1.5B copied '<two or three sentences ...>' into all 328 responses with
+    # evidence of an earlier run; 'in your own words' (here and in the system prompt) stopped it opening with a copied record
+    return _user(q, material, f'Explain your answer in two or three sentences, in your own words{cite}. '
+                              f'End with the line "{FINAL} X", where X is one letter ({", ".join(q.options)}).')
 
 def direct_messages(q: Question, material: str | None) -> list[dict]:  # closed book and plain RAG, scored mode
     "The direct-answer prompt: the option is scored right after `FINAL ANSWER:`."
@@ -379,7 +399,7 @@ class AgentConfig:
                    relax_empty=relax_empty)
         return replace(base, **LEAN) if p.lean else base
 
-LEAN = dict(mesh_candidates=False, evidence_summary=False, critic_show=3, critic_chars=100, filter_chars=0)   # cheaper operators for a small CPU model
+LEAN = dict(mesh_candidates=False, evidence_summary=False, critic_show=3, critic_chars=100, filter_chars=150)   # cheaper operators for a small CPU model
 
 @dataclass
 class RunResult:
@@ -393,7 +413,7 @@ class RunResult:
     response: str = '' # its justification (what the citation audit reads)
     queries: list[str] = field(default_factory=list) # every query issued, in order (last = final)
     retrieved: list[str] = field(default_factory=list)
-    evidence: list[tuple[str, str]] = field(default_factory=list) # (pmid, text) the response was shown
+    evidence: list[tuple[str, str]] = field(default_factory=list) # (pmid, text) the answer step was shown
     audit: dict = field(default_factory=dict)
     calls: Calls = field(default_factory=Calls)
     searches: int = 0
@@ -508,8 +528,17 @@ def self_critic_search(llm: LLM, q: Question, session: PubMedSession, res: RunRe
 def reading_tokens(n_articles: int, # articles in the batch
                    floor: int, # the run's max_tokens
                   ) -> int:
-    "Room for one finding per article (about 60 tokens each) and the sufficiency verdict."
-    return max(floor, 30 + 60 * n_articles)
+    "Room for one item per article (PMID, sentence numbers, verdict: about 30 tokens) and the sufficiency verdict."
+    return max(floor, 30 + 30 * n_articles)
+
+def quoted_finding(a: Article, # the article read
+                   numbers: Sequence[int], # the sentence numbers a reading picked (1-based, as shown)
+                   chars: int | None, # the reading budget the sentences were numbered under
+                  ) -> tuple[str, int]: # the finding (the picked sentences in the article's order), numbers that name no sentence
+    "A finding quoted from the article: whole sentences, never cut; numbers outside the shown range are counted, not guessed."
+    sents = article_sentences(a, chars)
+    ok = sorted({i for i in numbers if 1 <= i <= len(sents)})
+    return ' '.join(sents[i - 1] for i in ok), len(set(numbers)) - len(ok)
 
 def reflective_retrieval(llm: LLM, q: Question, session: PubMedSession, query: str, res: RunResult, cfg: AgentConfig) -> list[Article]:
     "Eq. 12-15: coarse filter over the top M_max, then one reading call per batch of m until the evidence is sufficient."
@@ -517,17 +546,22 @@ def reflective_retrieval(llm: LLM, q: Question, session: PubMedSession, query: s
     if not arts: res.trace.append(dict(stage=2, retrieved=0)); return arts
     keep = _ask_operator(llm, res.calls, 'filter', filter_messages(q, arts, cfg.filter_chars), Keep, cfg.max_tokens)
     kept = [a for a in arts if keep is None or a.pmid in set(keep.keep)]  # unreadable filter: keep all
-    read, stop = 0, 'records exhausted'
+    read, stop, aligned, unquoted, bad_numbers = 0, 'records exhausted', 0, 0, 0
     for i in range(0, len(kept), cfg.batch_size):
         batch = kept[i:i + cfg.batch_size]; read += len(batch)
         r = _ask_operator(llm, res.calls, 'read', read_messages(q, batch, res.evidence, cfg.read_chars), BatchReading,
                           reading_tokens(len(batch), cfg.max_tokens or llm.defaults.max_tokens))
-        ids, have = {a.pmid for a in batch}, {p for p, _ in res.evidence}
+        by_id, have = {a.pmid: a for a in batch}, {p for p, _ in res.evidence}
         for it in (r.items if r else []):
-            if it.pmid in ids and it.aligned == 'Yes' and it.evidence.strip() and it.pmid not in have:
-                res.evidence.append((it.pmid, it.evidence.strip())); have.add(it.pmid)
+            if it.pmid not in by_id or it.aligned != 'Yes' or it.pmid in have: continue
+            aligned += 1
+            text, bad = quoted_finding(by_id[it.pmid], it.sentences, cfg.read_chars)
+            bad_numbers += bad
+            if text: res.evidence.append((it.pmid, text)); have.add(it.pmid)
+            else: unquoted += 1   # aligned, but no sentence named: nothing to quote
         if r is not None and r.sufficient == 'Yes' and res.evidence: stop = 'sufficient'; break
-    res.trace.append(dict(stage=2, retrieved=len(arts), kept=len(kept), read=read, evidence=len(res.evidence), stop=stop))
+    res.trace.append(dict(stage=2, retrieved=len(arts), kept=len(kept), read=read, aligned=aligned, evidence=len(res.evidence),
+                          unquoted=unquoted, bad_numbers=bad_numbers, stop=stop))
     return arts
 
 def summarize(llm: LLM, q: Question, material: str, res: RunResult, cfg: AgentConfig) -> str:
@@ -537,34 +571,42 @@ def summarize(llm: LLM, q: Question, material: str, res: RunResult, cfg: AgentCo
 
 def pubmed_reasoner(llm: LLM, client: PubMedClient, q: Question, cfg: AgentConfig = AgentConfig(),
                     system: str = 'PubMed Reasoner') -> RunResult:
-    "The full agent: self-critic search, reflective retrieval, evidence-grounded response (with `critic_iters=0`: no self-critic)."
+    "The full agent: self-critic search, reflective retrieval, an answer from the quoted evidence (with `critic_iters=0`: no self-critic)."
     res, session = RunResult(system, q.qid), PubMedSession(client, q, cfg.relax_empty)
     query = self_critic_search(llm, q, session, res, cfg)
     if query is not None: reflective_retrieval(llm, q, session, query, res, cfg)
     lines = _evidence_lines(res.evidence)
     material = (summarize(llm, q, lines, res, cfg) if cfg.evidence_summary else lines) if res.evidence else None
-    return _finish(res, llm, q, session, material, cfg)
+    return _finish(res, llm, q, session, material, cfg, direct=True)
 
 # %% ../../nbs/52_pubmed_reasoner_method.ipynb #da673a0e
 def _passages(arts: Sequence[Article], chars: int) -> str | None:
     return '\n\n'.join(article_text(a, chars) for a in arts) or None
 
 def no_reflection(llm: LLM, client: PubMedClient, q: Question, cfg: AgentConfig = AgentConfig()) -> RunResult:
-    "Ablation: the agent's Stage 1 (same calls), then a response from q*'s top `top_k` abstracts (no filter, extraction or early stop)."
+    "Ablation: the agent's Stage 1 (same calls), then an answer from q*'s top `top_k` abstracts (no filter, extraction or early stop)."
     res, session = RunResult('no reflection', q.qid), PubMedSession(client, q, cfg.relax_empty)
     query = self_critic_search(llm, q, session, res, cfg)
     arts = session.retrieve(query, cfg.top_k) if query else []
     res.evidence = [(a.pmid, a.abstract) for a in arts]
-    return _finish(res, llm, q, session, _passages(arts, cfg.read_chars), cfg)
+    return _finish(res, llm, q, session, _passages(arts, cfg.read_chars), cfg, direct=True)
 
 def plain_rag(llm: LLM, client: PubMedClient, q: Question, cfg: AgentConfig = AgentConfig()) -> RunResult:
-    "The question as the query, its top `top_k` abstracts, a direct answer; a question without content words searches nothing."
+    "The question as the query, its top `top_k` abstracts, an answer; a question without content words searches nothing."
     res, session = RunResult('plain RAG', q.qid), PubMedSession(client, q, relax_empty=False)  # ORed words: nothing to relax
     try: res.queries.append(question_query(q.text))
     except QuerySyntaxError: res.stop_reason = 'no content words to search'   # the content-free 'N/A': no records, as a zero-hit search
     arts = session.retrieve(res.queries[0], cfg.top_k) if res.queries else []
     res.evidence = [(a.pmid, a.abstract) for a in arts]
     return _finish(res, llm, q, session, _passages(arts, cfg.read_chars), cfg, direct=True)
+
+def oracle_context(llm: LLM, client: PubMedClient, q: Question, cfg: AgentConfig = AgentConfig()) -> RunResult:
+    "The upper bound: the question's source abstract (`q.source_pmids`, fetched, cut as plain RAG's) as the only evidence, no search."
+    res = RunResult('oracle abstract', q.qid)
+    arts = client.efetch(list(q.source_pmids)) if q.source_pmids else []
+    res.retrieved, res.evidence = [a.pmid for a in arts], [(a.pmid, a.abstract) for a in arts]
+    return _finish(res, llm, q, None, _passages(arts, cfg.read_chars), cfg, direct=True)
+
 
 # %% ../../nbs/52_pubmed_reasoner_method.ipynb #f2f50415
 def self_reflection(llm: LLM, client: PubMedClient, q: Question, cfg: AgentConfig = AgentConfig()) -> RunResult:
@@ -606,7 +648,7 @@ def context_variant(llm: LLM, client: PubMedClient, q: Question, query: str | No
             s = _ask_operator(llm, res.calls, 'paper_summary', paper_summary_messages(q, arts[i:i + cfg.batch_size]), Summary, cfg.max_tokens)
             if s is not None: parts.append(s.summary)
         material = '\n'.join(parts) or None
-    return _finish(res, llm, q, session, material, cfg)
+    return _finish(res, llm, q, session, material, cfg, direct=True)
 
 # %% ../../nbs/52_pubmed_reasoner_method.ipynb #156694c3
 class ScriptedLLM(LLM):
@@ -653,14 +695,49 @@ def ratio_ci(num: Sequence[float], # per item: e.g. supported citations
     boot = num[idx].sum(1)[d > 0] / d[d > 0]
     return float(num.sum() / den.sum()), float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))
 
-def gold_rank(client: PubMedClient, q: Question, # the question (its date limit is kept, its exclusion dropped)
+def gold_rank(client: PubMedClient, q: Question, # the question (its date limit is kept, any exclusion dropped)
               query: str | None, # a system's final query
               depth: int, # how deep to look, e.g. M_max
              ) -> int | None: # 1-based rank of the question's source article, None if not in the top `depth`
-    "Where the excluded source article would have ranked for `query` (no LLM call): retrieved-gold recall's input."
-    if not query or not q.exclude_pmids: return None
+    "Where the source article ranks for `query` (no LLM call; found even when a run excluded it): source recall's input."
+    if not query or not q.source_pmids: return None
     ids = client.esearch(scope_query(query, q.max_year), retmax=depth).ids
-    return next((i + 1 for i, p in enumerate(ids) if p in q.exclude_pmids), None)
+    return next((i + 1 for i, p in enumerate(ids) if p in q.source_pmids), None)
+
+# %% ../../nbs/52_pubmed_reasoner_method.ipynb #c1ta7i0e
+def citation_pairs(response: str, # a response
+                   evidence: Sequence[tuple[str, str]], # (pmid, text) the response was shown
+                  ) -> list[tuple[str, str, str]]: # (statement, cited PMID, the text shown for it)
+    "Every citation of a statement to evidence the response was shown, with the cited text."
+    shown = dict(evidence)
+    return [(s, p, shown[p]) for s in statements(response) for p in cited_pmids(s) if p in shown]
+
+def _content_words(text: str) -> set[str]:
+    return {w for w in tokenize(_CITE_BLOCK.sub(' ', text)) if w not in ENGLISH_STOP_WORDS and len(w) > 2 and not w.isdigit()}
+
+def lexical_support(statement: str, passage: str) -> float:
+    "Share of the statement's content words (citations removed, no stop words or numbers) that the passage contains; NaN if none."
+    said = _content_words(statement)
+    return len(said & _content_words(passage)) / len(said) if said else float('nan')
+
+SUPPORT_OPTIONS = {'A': 'yes', 'B': 'no'}   # the judge's options: A = the passage supports the statement
+
+def support_messages(statement: str, passage: str) -> list[dict]:
+    "The support judge's prompt: the cited passage, the statement without its citations, a yes/no question."
+    return _user(Question('support', f'Passage:\n{passage}\n\nStatement: {_CITE_BLOCK.sub("", statement).strip()}\n\n'
+                          'Does the passage support the statement?', SUPPORT_OPTIONS, gold=''), None,
+                 f'Reply with the line "{FINAL} <letter>" only.')
+
+def judge_support(llm: LLM, statement: str, passage: str) -> ParsedAnswer:
+    "Scored support judge: answer 'A' when the model finds 'yes' likelier than 'no' right after the question."
+    return llm.choose_option(support_messages(statement, passage), SUPPORT_OPTIONS, prefix=FINAL)
+
+def mesh_recall_ceiling(pred: Sequence[Sequence[str]], # predicted MeSH sets, one per item
+                        gold: Sequence[Sequence[str]], # gold MeSH sets
+                       ) -> float: # the best macro recall predicted sets of these sizes can reach
+    "Macro recall if every predicted term were gold: min(|pred|, |gold|) / |gold|, averaged over items with gold."
+    r = [min(len(set(p)), len(set(g))) / len(set(g)) for p, g in zip(pred, gold) if g]
+    return float(np.mean(r)) if r else float('nan')
 
 # %% ../../nbs/52_pubmed_reasoner_method.ipynb #3b63d7b3
 def estimated_seconds(calls: pd.DataFrame, # ledger rows (`Ledger.frame()`), in call order
