@@ -512,3 +512,27 @@ def test_an_oversized_answer_is_refused():
         with pytest.raises(PubMedError, match='sent more than 100000 bytes'):
             PubMedClient(url, requests_per_second=200, retries=0, max_bytes=100_000).esearch('asthma')
     finally: srv.close()
+
+# ---------------------------------------------------------------- the committed records, read (issue 29)
+import gzip
+from pathlib import Path
+RECORDS = Path(__file__).resolve().parents[1] / 'records' / 'pubmed_reasoner'
+
+def _used_records(profile: str) -> list[dict]:
+    "The records a published run of this chapter uses (its `used.txt.gz`), parsed."
+    folder = RECORDS / profile
+    used = set(gzip.decompress((folder / 'used.txt.gz').read_bytes()).decode().split())
+    return [r for f in sorted(folder.glob('calls-*.jsonl.gz')) for line in gzip.open(f, 'rt') if (r := json.loads(line))['key'] in used]
+
+def _user_text(rec: dict) -> str:
+    m = rec['request'].get('messages') or rec['request'].get('context') or []
+    return m[-1]['content'] if isinstance(m, list) and m else str(m)
+
+@pytest.mark.parametrize('profile', ['smoke', 'default'])
+def test_no_recorded_response_begins_with_template_text(profile):
+    "Every response the published run uses was written to instructions, not a template: none starts with a placeholder."
+    recs = [r for r in _used_records(profile) if 'text' in r['value'] and 'FINAL ANSWER' in _user_text(r) and 'JSON' not in _user_text(r)]
+    assert recs, 'no response records to read'
+    assert not [r for r in recs if '<' in _user_text(r).split('Evidence:')[-1]], 'a response prompt still shows a <...> template'
+    starts = [r['value']['text'].lstrip()[:40] for r in recs if r['value']['text'].lstrip().startswith(('<', 'two or three sentences'))]
+    assert not starts, f'{len(starts)} of {len(recs)} responses begin with template text: {starts[:3]}'
