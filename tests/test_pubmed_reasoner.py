@@ -289,15 +289,18 @@ def test_reading_stops_at_the_first_sufficient_batch(client):
     assert (r.calls.made['read'], stage2['read'], stage2['stop'], len(r.evidence)) == (2, 2, 'sufficient', 2)
 
 def test_evidence_from_a_batch_is_kept_only_for_its_own_aligned_articles(client):
-    # the reader names a PMID outside the batch, repeats one, and marks one not aligned: only one finding survives
-    items = [{'pmid': '999', 'sentences': [1], 'aligned': 'Yes'}, {'pmid': '101', 'sentences': [1, 40], 'aligned': 'Yes'},
-             {'pmid': '101', 'sentences': [2], 'aligned': 'Yes'}, {'pmid': '102', 'sentences': [1], 'aligned': 'No'}]
+    # the reader quotes sentence 1 of the batch's article and names a sentence 40 it does not have: one finding, one bad number
+    items = [{'pmid': '101', 'sentences': [1, 40], 'aligned': 'Yes'}]
     reply = lambda p: json.dumps({'items': items, 'sufficient': 'No'}) if 'directly addresses the question' in p else _critic(None)(p)
     r = pubmed_reasoner(ScriptedLLM(reply), client, Question('q', 'Asthma?', dict(PQ), 'A', max_year=2020),
                         AgentConfig(critic_iters=0, **LEAN_CFG))
     first = article_sentences(client.efetch(['101'])[0])[0]
     assert r.evidence == [('101', first)]                                # quoted whole: the article's own first sentence
     assert {k: [t for t in r.trace if t.get('stage') == 2][0][k] for k in ('aligned', 'bad_numbers')} == dict(aligned=1, bad_numbers=1)
+    # a PMID outside the batch (or the format's '<pmid>') is outside the reading's schema: unparseable, counted, no evidence
+    outside = lambda p: json.dumps({'items': [{'pmid': '<pmid>', 'sentences': [1], 'aligned': 'Yes'}], 'sufficient': 'No'}) if 'directly addresses the question' in p else _critic(None)(p)
+    r = pubmed_reasoner(ScriptedLLM(outside), client, Question('q', 'Asthma?', dict(PQ), 'A', max_year=2020), AgentConfig(critic_iters=0, **LEAN_CFG))
+    assert r.evidence == [] and r.calls.unparseable.get('read', 0) >= 1
 
 def test_ablations_reuse_the_agents_calls(client):
     # with the cache on, 'no reflection' computes only its own response: its Stage-1 calls are the agent's, replayed

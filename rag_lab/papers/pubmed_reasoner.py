@@ -24,16 +24,16 @@ __all__ = ['PARAMS', 'PROFILES', 'Verdict', 'TermText', 'Concepts', 'Verdicts', 
            'ANSWER_SYSTEM', 'LEAN', 'CONTENT_FREE', 'SUPPORT_OPTIONS', 'AXES', 'PubmedReasonerParams', 'Question',
            'cited_pmids', 'statements', 'audit_citations', 'relax_query', 'PubMedSession', 'article_text',
            'article_sentences', 'numbered_article', 'fit_articles', 'question_query', 'MeshCandidate', 'MeshCandidates',
-           'QueryPlan', 'TermCritique', 'Critique', 'Keep', 'EvidenceItem', 'BatchReading', 'Summary', 'Reflection',
-           'Calls', 'mesh_candidates_messages', 'query_plan_messages', 'critique_messages', 'filter_messages',
-           'read_messages', 'summary_messages', 'reflection_messages', 'paper_summary_messages', 'answer_messages',
-           'direct_messages', 'justification', 'read_final_answer', 'AgentConfig', 'RunResult', 'respond',
-           'answer_directly', 'closed_book', 'critique_tokens', 'align_critique', 'plan_query', 'self_critic_search',
-           'reading_tokens', 'quoted_finding', 'reflective_retrieval', 'summarize', 'pubmed_reasoner', 'no_reflection',
-           'plain_rag', 'oracle_context', 'self_reflection', 'context_variant', 'ScriptedLLM', 'content_free_question',
-           'ratio_ci', 'gold_rank', 'citation_pairs', 'lexical_support', 'support_messages', 'judge_support',
-           'mesh_recall_ceiling', 'estimated_seconds', 'AxisScores', 'PairJudgement', 'judge_messages', 'judge_pair',
-           'win_tie_loss']
+           'QueryPlan', 'TermCritique', 'Critique', 'Keep', 'EvidenceItem', 'BatchReading', 'reading_schema', 'Summary',
+           'Reflection', 'Calls', 'mesh_candidates_messages', 'query_plan_messages', 'critique_messages',
+           'filter_messages', 'read_messages', 'summary_messages', 'reflection_messages', 'paper_summary_messages',
+           'answer_messages', 'direct_messages', 'justification', 'read_final_answer', 'AgentConfig', 'RunResult',
+           'respond', 'answer_directly', 'closed_book', 'critique_tokens', 'align_critique', 'plan_query',
+           'self_critic_search', 'reading_tokens', 'quoted_finding', 'reflective_retrieval', 'summarize',
+           'pubmed_reasoner', 'no_reflection', 'plain_rag', 'oracle_context', 'self_reflection', 'context_variant',
+           'ScriptedLLM', 'content_free_question', 'ratio_ci', 'gold_rank', 'citation_pairs', 'lexical_support',
+           'support_messages', 'judge_support', 'mesh_recall_ceiling', 'estimated_seconds', 'AxisScores',
+           'PairJudgement', 'judge_messages', 'judge_pair', 'win_tie_loss']
 
 # %% ../../nbs/52_pubmed_reasoner_method.ipynb #3a8759df
 class PubmedReasonerParams(LLMParams):
@@ -244,6 +244,15 @@ class EvidenceItem(BaseModel):  # Eq. 13-14: the finding is quoted (the article'
 class BatchReading(BaseModel):  # Eq. 13-15 for one batch
     items: list[EvidenceItem] = Field(max_length=10)
     sufficient: Verdict = Field(description='does the evidence so far cover the main aspects of the question?')
+
+def reading_schema(pmids: Sequence[str], # the batch's PMIDs, in the order shown
+                  ) -> type[BaseModel]:
+    "`BatchReading` whose PMIDs can only be the batch's (the grammar enforces it): the 1.5B wrote the format's '<pmid>' otherwise."
+    from pydantic import create_model
+    item = create_model('BatchItem', pmid=(Literal[tuple(pmids)], ...), sentences=(SentenceIds, Field(description=EvidenceItem.model_fields['sentences'].description)),
+                        aligned=(Verdict, Field(description=EvidenceItem.model_fields['aligned'].description)))
+    return create_model('BatchReadingOf', items=(list[item], Field(max_length=len(pmids))),
+                        sufficient=(Verdict, Field(description=BatchReading.model_fields['sufficient'].description)))
 class Summary(BaseModel):  # SoE (and per-paper summaries)
     summary: Annotated[str, StringConstraints(max_length=1000)]
 class Reflection(BaseModel):  # the self-reflection baseline's extra prompt
@@ -549,7 +558,7 @@ def reflective_retrieval(llm: LLM, q: Question, session: PubMedSession, query: s
     read, stop, aligned, unquoted, bad_numbers = 0, 'records exhausted', 0, 0, 0
     for i in range(0, len(kept), cfg.batch_size):
         batch = kept[i:i + cfg.batch_size]; read += len(batch)
-        r = _ask_operator(llm, res.calls, 'read', read_messages(q, batch, res.evidence, cfg.read_chars), BatchReading,
+        r = _ask_operator(llm, res.calls, 'read', read_messages(q, batch, res.evidence, cfg.read_chars), reading_schema([a.pmid for a in batch]),
                           reading_tokens(len(batch), cfg.max_tokens or llm.defaults.max_tokens))
         by_id, have = {a.pmid: a for a in batch}, {p for p, _ in res.evidence}
         for it in (r.items if r else []):
