@@ -555,7 +555,7 @@ def reflective_retrieval(llm: LLM, q: Question, session: PubMedSession, query: s
     if not arts: res.trace.append(dict(stage=2, retrieved=0)); return arts
     keep = _ask_operator(llm, res.calls, 'filter', filter_messages(q, arts, cfg.filter_chars), Keep, cfg.max_tokens)
     kept = [a for a in arts if keep is None or a.pmid in set(keep.keep)]  # unreadable filter: keep all
-    read, stop, aligned, unquoted, bad_numbers = 0, 'records exhausted', 0, 0, 0
+    read, stop, aligned, unquoted, bad_numbers, opening = 0, 'records exhausted', 0, 0, 0, 0
     for i in range(0, len(kept), cfg.batch_size):
         batch = kept[i:i + cfg.batch_size]; read += len(batch)
         r = _ask_operator(llm, res.calls, 'read', read_messages(q, batch, res.evidence, cfg.read_chars), reading_schema([a.pmid for a in batch]),
@@ -566,11 +566,12 @@ def reflective_retrieval(llm: LLM, q: Question, session: PubMedSession, query: s
             aligned += 1
             text, bad = quoted_finding(by_id[it.pmid], it.sentences, cfg.read_chars)
             bad_numbers += bad
+            opening += bool(it.sentences) and sorted(set(it.sentences)) == list(range(1, len(set(it.sentences)) + 1))   # 1, 2, 3: by rote?
             if text: res.evidence.append((it.pmid, text)); have.add(it.pmid)
             else: unquoted += 1   # aligned, but no sentence named: nothing to quote
         if r is not None and r.sufficient == 'Yes' and res.evidence: stop = 'sufficient'; break
     res.trace.append(dict(stage=2, retrieved=len(arts), kept=len(kept), read=read, aligned=aligned, evidence=len(res.evidence),
-                          unquoted=unquoted, bad_numbers=bad_numbers, stop=stop))
+                          unquoted=unquoted, bad_numbers=bad_numbers, opening=opening, stop=stop))
     return arts
 
 def summarize(llm: LLM, q: Question, material: str, res: RunResult, cfg: AgentConfig) -> str:
