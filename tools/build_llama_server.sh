@@ -11,7 +11,7 @@ PY=${VENV:-.venv}/bin/python
 version=$(grep -o 'llama-cpp-python[^ ]*==[0-9.]*' settings.ini | sed 's/.*==//')
 flags=$(bash tools/llama_cmake_args.sh)
 tag="$version-$(echo "$flags" | sha256sum | cut -c1-10)"
-out=.cache/llama-server/$tag
+out="$PWD/.cache/llama-server/$tag"
 if [ -x "$out/llama-server" ]; then echo "$out/llama-server"; exit 0; fi
 mkdir -p "$out"
 work=$(mktemp -d "$out/build.XXXXXX")
