@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell sha256sum settings.ini setup.py tools/llama_
 NODEPS = $(shell sed -n 's/^nodeps_requirements *= *//p' settings.ini)
 LLAMA_REQ = $(shell grep -o 'llama-cpp-python[^ ]*' settings.ini)
 
-.PHONY: install reproduce test site bench lab clean-outputs sync check-sync
+.PHONY: install reproduce test site bench lab clean-outputs sync check-sync llama-server
 
 install: $(STAMP)
 
@@ -36,8 +36,13 @@ reproduce: install
 	$(if $(DATA_MIRROR),RAG_LAB_DATA=$(DATA_MIRROR)) $(BIN)/rag-lab reproduce --profile $(PROFILE) $(if $(ONLY),--only $(ONLY)) --jobs $(JOBS)
 
 ## whole test suite: notebooks clean and in sync, nbdev_test (smoke profile), pytest
-test: install
+test: install llama-server
 	bash tools/run_tests.sh
+
+## llama.cpp's own server, built once from the pinned llama-cpp-python sdist's sources into .cache/llama-server/
+## (the llamaserver backend's tests and lessons serve the smoke model with it; LLAMA_JOBS=2 to build on two cores)
+llama-server: install
+	bash tools/build_llama_server.sh $(or $(LLAMA_JOBS),1)
 
 ## the website of the last published run (README, scorecard, executed chapters, per-item outputs, library): reports/site/
 site: install

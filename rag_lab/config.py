@@ -171,7 +171,7 @@ def quiet_loading():
 
 # %% ../nbs/00_config.ipynb #787032e7
 PROFILES = ('smoke', 'default', 'paper')
-Backend = Literal['llamacpp', 'transformers', 'openai']
+Backend = Literal['llamacpp', 'transformers', 'openai', 'llamaserver']
 DEFAULT_GENERATOR = 'qwen2.5-coder-1.5b-instruct-q4_k_m'   # the default profile's LLM (chapter 04a_models: where it comes from)
 SMOKE_LLM = dict(model='smollm2-135m-instruct-q4_1', max_tokens=128)   # what every paper's smoke profile runs on
 
@@ -196,7 +196,7 @@ class LLMParams(NotebookParams):
     "Parameters of notebooks that call a language model."
     backend: Backend = 'llamacpp'
     model: str = DEFAULT_GENERATOR
-    base_url: str | None = Field(None, description="OpenAI-compatible endpoint (backend='openai')")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint (backend='openai' or 'llamaserver')")
     temperature: float = Field(0.0, ge=0, le=2)
     max_tokens: int = Field(512, ge=1, le=32768)
     answer_mode: Literal['scored', 'free_text'] = Field('scored', description="scored: the option most likely after the prompt; free_text: the answer parsed from the text")
@@ -240,6 +240,7 @@ BACKEND_CAPABILITIES: dict[str, frozenset[str]] = {
     'llamacpp': frozenset({'chat', 'score_text', 'score_chat', 'json_schema'}),
     'transformers': frozenset({'chat', 'score_text', 'score_chat'}),   # JSON by prompt and repair, not by grammar
     'openai': frozenset({'chat', 'score_text', 'json_schema'}),        # an endpoint renders chat itself: no scores after it
+    'llamaserver': frozenset({'chat', 'score_text', 'score_chat', 'json_schema'}),   # llama.cpp's server: its template, tokens, log-probs
 }
 
 def backend_refusal(backend: str, # a backend name

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import IO, Mapping, Sequence
 from . import __version__
 from dataclasses import replace
-from .config import PROFILES, RunContext, parse_param, check_params, repo_root, out_root, run_context, scratch_root, atomic_write_text
+from .config import SMOKE_LLM, PROFILES, RunContext, parse_param, check_params, repo_root, out_root, run_context, scratch_root, atomic_write_text
 from .papers import CHAPTERS, PAPERS
 from .calls import CacheError, RecordsError, clock
 from .report import write_index, scorecard_text, ci_text, markdown_table, table_value
@@ -25,7 +25,7 @@ __all__ = ['KERNEL_HASHSEED', 'STAGING_OWNER', 'LEGACY_STAGING_AGE', 'RECORDED_P
            'published_problems', 'write_summaries', 'note_verdict', 'verdict_table', 'verdict_markdown',
            'readme_with_verdicts', 'update_readme_verdicts', 'refresh_readme', 'readme_command', 'reproduce',
            'site_command', 'records_table', 'nominal_seconds', 'fresh_seconds', 'estimate_fresh_compute', 'lanes_wall',
-           'save_fresh_estimate', 'records_command', 'list_command', 'params_command', 'main']
+           'save_fresh_estimate', 'records_command', 'check_server_command', 'list_command', 'params_command', 'main']
 
 # %% ../nbs/08_runner.ipynb #4fae61f3
 class UsageError(ValueError):
@@ -322,6 +322,15 @@ def _parser() -> argparse.ArgumentParser:
     rc.add_argument('--profile', default='default', help='budget: whose records (default: default)')
     rc.add_argument('--save', action='store_true', help='budget: write each estimate beside its records (fresh_estimate.json); '
                     '`reproduce --jobs N` then starts the longest-estimated chapters first')
+    cs = sub.add_parser('check-server', help="recompute recorded calls of a GGUF model through llama.cpp's server and compare")
+    cs.add_argument('--model', default=SMOKE_LLM['model'], help='the model whose records are recomputed: an embedded model '
+                    f"name or a .gguf path (default: {SMOKE_LLM['model']})")
+    cs.add_argument('--base-url', help="a running llama-server serving that model (default: start one on 127.0.0.1, "
+                    "built by `make llama-server`)")
+    cs.add_argument('--alias', default='local', help='the model name the server answers to (default: local)')
+    cs.add_argument('--sample', type=int, default=20, help='records to recompute (default 20)')
+    cs.add_argument('--seed', type=int, default=0, help='which random sample')
+    cs.add_argument('--tol', type=float, default=1e-3, help='largest log-probability difference accepted, in nats (default 1e-3)')
     return ap
 
 # %% ../nbs/08_runner.ipynb #d3077800
@@ -753,6 +762,47 @@ def records_command(action: str, sample: int = 20, seed: int = 0,
           + (f"; {len(recs.tampered)} tampered line(s) were not replayed" if recs.tampered else ''))
     return 1 if bad else 0
 
+# %% ../nbs/08_runner.ipynb #e8f7a9b0
+def check_server_command(model: str, # the GGUF whose records are recomputed: an embedded model name or a .gguf path
+                         base_url: str | None = None, # a running llama-server serving it; None: start one on 127.0.0.1
+                         alias: str = 'local', # the model name the server answers to
+                         sample: int = 20, # records to recompute
+                         seed: int = 0, # which random sample
+                         tol: float = 1e-3, # largest log-probability difference accepted (nats)
+                         records: "CallRecords | None" = None, # default: the checkout's committed records
+                        ) -> int: # 0: every answer the same and every difference within tol; else 1
+    "`rag-lab check-server`: recompute recorded calls of `model` through llama.cpp's server; report the largest log-probability difference and any changed answer."
+    from contextlib import nullcontext
+    from rag_lab.calls import CallRecords, LLMCache, Ledger, call_records
+    from rag_lab.config import file_sha256
+    from rag_lab.llm import LLMError, LlamaServerLLM, verify_records
+    from rag_lab.models import EMBEDDED_MODELS, embedded_model_path
+    from rag_lab.server import LlamaServerProcess, ServerError
+    if model in EMBEDDED_MODELS: path, fp = embedded_model_path(model), f"sha256:{EMBEDDED_MODELS[model].sha256}"
+    elif model.endswith('.gguf') and Path(model).is_file(): path = Path(model); fp = f"sha256:{file_sha256(path)}"
+    else: raise UsageError(f"--model must be an embedded model ({', '.join(EMBEDDED_MODELS)}) or an existing .gguf file, got {model!r}")
+    if not 1 <= sample <= 10_000: raise UsageError(f"--sample must be from 1 to 10000, got {sample}")
+    tmp = Path(tempfile.mkdtemp(prefix='rag_lab_check_server_'))
+    with nullcontext() if base_url else LlamaServerProcess(path, alias=alias) as proc:
+        url = base_url or proc.base_url
+        try: llm = LlamaServerLLM(alias, base_url=url, cache=LLMCache(tmp / 'off.sqlite', mode='off'), ledger=Ledger(),
+                                  records=CallRecords(tmp / 'no-records'))
+        except LLMError as e: raise UsageError(str(e)) from None
+        served = llm.server.info.model_path
+        if served and Path(served).is_file() and f"sha256:{file_sha256(Path(served))}" != fp:
+            raise UsageError(f"{url} serves {served}, not {model}: its answers cannot be compared with {model}'s records")
+        try: v = verify_records(sample, seed, records if records is not None else call_records(), llm=llm, model=fp)
+        except (LLMError, ServerError) as e: raise UsageError(str(e)) from None
+    if not len(v): raise UsageError(f"no records of {model} ({fp[:19]}...) to recompute")
+    print(v.to_string(index=False))
+    worst = v.max_abs_diff.max()
+    changed = v[(v.kind == 'chat') & ~v.agree | (v.note != '')]
+    over = v[v.max_abs_diff > tol]
+    print(f"\n{len(v)} recorded calls of {model} recomputed through {url if base_url else 'llama-server on 127.0.0.1'}: "
+          f"largest log-probability difference {worst:.2e} nats (tolerance {tol:g}); {len(changed)} changed answer(s)"
+          + ''.join(f"\n  {r.key} ({r.kind}): {r.note or 'another generated text'}" for r in changed.itertuples()))
+    return 1 if len(changed) or len(over) else 0
+
 # %% ../nbs/08_runner.ipynb #69a331a7
 def list_command(root: Path | None = None, # output root (default: the repository, i.e. the published results)
                 ) -> int:
@@ -800,6 +850,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.cmd == 'list': return list_command()
         if a.cmd == 'params': return params_command(a.slug)
         if a.cmd == 'readme': return readme_command(a.check, a.readme, a.out)
+        if a.cmd == 'check-server': return check_server_command(a.model, a.base_url, a.alias, a.sample, a.seed, a.tol)
         return site_command(a.out)
     except (UsageError, RecordsError, CacheError) as e:   # a damaged record or cache is a message naming the file, never a traceback
         print(f"rag-lab: error: {e}", file=sys.stderr); return 2
