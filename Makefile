@@ -40,9 +40,9 @@ test: install llama-server
 	bash tools/run_tests.sh
 
 ## llama.cpp's own server, built once from the pinned llama-cpp-python sdist's sources into .cache/llama-server/
-## (the llamaserver backend's tests and lessons serve the smoke model with it; LLAMA_JOBS=2 to build on two cores)
+## (the llamaserver backend's tests and lessons serve the smoke model with it; LLAMA_JOBS=1 for one core)
 llama-server: install
-	bash tools/build_llama_server.sh $(or $(LLAMA_JOBS),1)
+	bash tools/build_llama_server.sh $(or $(LLAMA_JOBS),2)
 
 ## the website of the last published run (README, scorecard, executed chapters, per-item outputs, library): reports/site/
 site: install
