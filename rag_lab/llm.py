@@ -136,12 +136,16 @@ class LLM:
     def _score(self, context: str | Messages, continuation: str) -> dict: raise NotImplementedError
     def _choose(self, context: str | Messages, prefix: str, options: list[str]) -> dict:
         "Fallback: one full scoring pass per option (llama.cpp overrides it with one shared prefill)."
-        ctx = (context if isinstance(context, str) else self.render(context)) + prefix
+        ctx = self.prompt_text(context, prefix)
         rs = [self._score(ctx, o) for o in options]
         return dict(logprobs=[float(sum(r['logprobs'])) for r in rs], n_tokens=[len(r['logprobs']) for r in rs],
                     context_tokens=rs[0]['context_tokens'])
     def render(self, messages: Sequence[dict]) -> str:
         raise LLMError(f"backend {self.backend!r} cannot render a chat template; pass raw text")
+
+    def prompt_text(self, context: str | Messages, prefix: str = '') -> str:
+        "The text a prompt is scored as: raw text as given, messages through the chat template; then `prefix`."
+        return (context if isinstance(context, str) else self.render(context)) + prefix
 
     @property
     def model_id(self) -> str:
@@ -416,7 +420,7 @@ class LlamaCppLLM(LLM):
         return fmt(messages=as_messages(messages)).prompt
 
     def _tokens(self, context: str | Messages, prefix: str = '') -> list[int]:
-        text = (context if isinstance(context, str) else self.render(context)) + prefix
+        text = self.prompt_text(context, prefix)
         toks = self.llama.tokenize(text.encode(), add_bos=True, special=True)
         if not toks: raise ValueError("scoring needs a non-empty context")
         return toks
@@ -592,7 +596,7 @@ class TransformersLLM(LLM):
 
     def _score(self, context: str | Messages, continuation: str) -> dict:
         import torch
-        text = context if isinstance(context, str) else self.render(context)
+        text = self.prompt_text(context)
         ctx = self.tok(text, add_special_tokens=True)['input_ids']
         cont = self.tok(continuation, add_special_tokens=False)['input_ids']
         if not ctx: raise ValueError("scoring needs a non-empty context")
@@ -637,7 +641,7 @@ def _chat_batch(self: TransformersLLM, batch: list[Messages], cfg: GenConfig) ->
 def _choose(self: TransformersLLM, context: str | Messages, prefix: str, options: list[str]) -> dict:
     "Every option scored in one batched forward pass: the context followed by each option, right-padded and masked."
     import torch
-    text = (context if isinstance(context, str) else self.render(context)) + prefix
+    text = self.prompt_text(context, prefix)
     ctx = self.tok(text, add_special_tokens=True)['input_ids']
     conts = [self.tok(o, add_special_tokens=False)['input_ids'] for o in options]
     if not ctx: raise ValueError("scoring needs a non-empty context")
@@ -803,13 +807,13 @@ class LlamaServerLLM(OpenAILLM):
         return self._srv(lambda: self.server.render(as_messages(messages)))
 
     def _tokens(self, context: str | Messages, prefix: str = '') -> list[int]:
-        text = (context if isinstance(context, str) else self.render(context)) + prefix
+        text = self.prompt_text(context, prefix)
         return self._srv(lambda: self.server.tokenize(text, special=True))
 
     def _score(self, context: str | Messages, continuation: str) -> dict:
-        ctx, cont = self._tokens(context), self._srv(lambda: self.server.tokenize(continuation, special=False))
+        ctx, (cont, pieces) = self._tokens(context), self._srv(lambda: self.server.pieces(continuation))
         lps = self._srv(lambda: self.server.logprobs(ctx, [cont]))[0]
-        return dict(tokens=self._srv(lambda: self.server.pieces(continuation)), logprobs=lps, context_tokens=len(ctx))
+        return dict(tokens=pieces, logprobs=lps, context_tokens=len(ctx))
 
     def _choose(self, context: str | Messages, prefix: str, options: list[str]) -> dict:
         ctx = self._tokens(context, prefix)

@@ -180,10 +180,11 @@ class LlamaServer:
         return self.post('/tokenize', {'content': text, 'add_special': special, 'parse_special': special})['tokens']
 
     def pieces(self, text: str, # a continuation
-              ) -> list[str]:
-        "The text of each of the continuation's tokens."
+              ) -> tuple[list[int], list[str]]: # its token ids (as `tokenize(text, special=False)`) and each token's text
+        "A continuation's tokens and their text, from one request."
         toks = self.post('/tokenize', {'content': text, 'add_special': False, 'parse_special': False, 'with_pieces': True})['tokens']
-        return [t['piece'] if isinstance(t['piece'], str) else bytes(t['piece']).decode('utf-8', 'replace') for t in toks]
+        return ([int(t['id']) for t in toks],
+                [t['piece'] if isinstance(t['piece'], str) else bytes(t['piece']).decode('utf-8', 'replace') for t in toks])
 
 # %% ../nbs/04b1_server.ipynb #697f25a4
 _FORCE = 1e4   # a logit bias no other token can overcome: greedy decoding then picks the forced token
