@@ -9,6 +9,20 @@ SHARED_DATA = REPO.parent / 'shared' / 'data'
 def pytest_configure(config):
     if not os.environ.get('RAG_LAB_DATA') and SHARED_DATA.exists():
         os.environ['RAG_LAB_DATA'] = str(SHARED_DATA)
+    config.addinivalue_line('markers', 'xdist_group(name): run on the same pytest-xdist worker as the rest of the group')
+
+SHARED_SCOPES = ('class', 'module', 'package')   # session fixtures are per worker process whatever the grouping
+
+@pytest.hookimpl(tryfirst=True)   # before pytest-xdist reads the marks (tools/run_tests.sh runs `-n 2 --dist loadgroup`)
+def pytest_collection_modifyitems(config, items):
+    "A test that uses a fixture built once for its file (or wider) joins its file's xdist group: the fixture is then built "
+    "on one worker, not on each. Every other test goes to whichever worker is free."
+    for item in items:
+        info = getattr(item, '_fixtureinfo', None)
+        if info is None or item.get_closest_marker('xdist_group'): continue
+        # the project's own fixtures only (pytest's built-in ones have an empty baseid)
+        if any(fd.scope in SHARED_SCOPES and fd.baseid for fds in info.name2fixturedefs.values() for fd in fds):
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
 
 @pytest.fixture
 def repo() -> Path:
