@@ -17,7 +17,7 @@ CORES := $(shell nproc 2>/dev/null || echo 2)
 LLAMA_BUILD_SCOPE := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
                      -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF
 
-.PHONY: install reproduce test site bench lab clean-outputs sync check-sync llama-server
+.PHONY: install reproduce test site bench bench-fresh lab clean-outputs sync check-sync llama-server
 
 install: $(STAMP)
 
@@ -62,6 +62,14 @@ site: install
 ## retrieval and generation speed benchmarks
 bench: install
 	$(BIN)/python -m rag_lab.bench
+
+## a fresh `make reproduce` timed stage by stage (install, data checks, encoding, training, replay, report) on a fresh
+## cache: reports/bench/fresh.json and fresh.md (PROFILE=smoke ONLY=claim_aware to see it work in minutes)
+bench-fresh:
+	@fresh=$$(test -e $(STAMP) && echo no || echo yes); t0=$$(date +%s); $(MAKE) --no-print-directory install && \
+	  $(if $(DATA_MIRROR),RAG_LAB_DATA=$(DATA_MIRROR)) $(BIN)/python -m rag_lab.bench fresh --profile $(PROFILE) \
+	    $(if $(ONLY),--only $(ONLY)) --install-seconds $$(( $$(date +%s) - t0 )) \
+	    --install-note "$$( [ $$fresh = yes ] && echo 'make install into a new environment' || echo 'not measured: the environment was installed already')"
 
 ## JupyterLab on the notebooks
 lab: install

@@ -17,9 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, TypeAdapter,
 __all__ = ['DEFAULT_SEED', 'SEED_MAX', 'PROFILES', 'Backend', 'DEFAULT_GENERATOR', 'SMOKE_LLM', 'CAPABILITY_TEXT',
            'BACKEND_CAPABILITIES', 'repo_root', 'data_root', 'cache_root', 'cache_dir', 'out_root', 'scratch_root',
            'RunContext', 'run_context', 'atomic_write_bytes', 'atomic_write_text', 'seed_everything', 'quiet_loading',
-           'comma_list_of', 'NotebookParams', 'LLMParams', 'backend_refusal', 'param_schema', 'resolve_params',
-           'parse_param', 'check_params', 'package_versions', 'git_commit', 'file_sha256', 'RunInfo', 'run_params',
-           'injected_parameters', 'notebook_params']
+           'timed_stage', 'comma_list_of', 'NotebookParams', 'LLMParams', 'backend_refusal', 'param_schema',
+           'resolve_params', 'parse_param', 'check_params', 'package_versions', 'git_commit', 'file_sha256', 'RunInfo',
+           'run_params', 'injected_parameters', 'notebook_params']
 
 # %% ../nbs/00_config.ipynb #55ea4637
 def repo_root(start: Path | str | None = None, # where to start looking (default: the working directory)
@@ -168,6 +168,27 @@ def quiet_loading():
     try: yield
     finally:
         if was: hf_logging.enable_progress_bar()
+
+# %% ../nbs/00_config.ipynb #b7e1c0a2
+import functools, threading
+_STAGE_DEPTH = threading.local()   # how many timed calls this thread is inside
+
+def timed_stage(stage: str, # the benchmark stage the decorated work belongs to, e.g. 'encoding'
+               ):
+    "Decorator: each outermost call appends `{stage, seconds, what}` as a JSON line to `$RAG_LAB_STAGE_LOG` (if set)."
+    def wrap(fn):
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            log, depth = os.environ.get('RAG_LAB_STAGE_LOG'), getattr(_STAGE_DEPTH, 'n', 0)
+            if not log or depth: return fn(*args, **kwargs)
+            _STAGE_DEPTH.n, t0 = 1, time.perf_counter()
+            try: return fn(*args, **kwargs)
+            finally:
+                _STAGE_DEPTH.n = 0
+                line = json.dumps(dict(stage=stage, seconds=time.perf_counter() - t0, what=fn.__qualname__)) + '\n'
+                with open(log, 'a') as f: f.write(line)   # one short append per call: lines from several processes stay whole
+        return timed
+    return wrap
 
 # %% ../nbs/00_config.ipynb #787032e7
 PROFILES = ('smoke', 'default', 'paper')

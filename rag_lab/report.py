@@ -9,7 +9,7 @@ from pathlib import Path
 from importlib import resources
 import numpy as np
 import pandas as pd
-from .config import NotebookParams, RunInfo, atomic_write_bytes, atomic_write_text, notebook_params, out_root, run_context, run_params, scratch_root
+from .config import NotebookParams, RunInfo, atomic_write_bytes, atomic_write_text, notebook_params, out_root, run_context, run_params, scratch_root, timed_stage
 from .papers import CHAPTERS, PAPERS
 from .calls import LEDGER, finish_recording, recording_folder, start_recording
 from fastcore.basics import patch
@@ -178,6 +178,7 @@ class Results:
         print(f"outputs of this run go to {root} (scratch; the published results are written only by `make reproduce`)")
         return root
 
+    @timed_stage('report')
     def figure(self, name: str, # file stem
                fig, # a matplotlib Figure
               ) -> Path:
@@ -199,6 +200,7 @@ class Results:
         elif path.exists():
             path.unlink(); print(f"{path} removed: this run computed calls; replay once more with --record to write it")
 
+    @timed_stage('report')
     def finish(self) -> RunInfo:
         "Stamp wall time, record the run's LLM calls (if recording) and write `run_meta.json`."
         self.run.finish()
@@ -213,6 +215,7 @@ class Results:
 
 # %% ../nbs/07_report.ipynb #2b645e02
 @patch
+@timed_stage('report')
 def table(self: Results, name: str, # table file stem; paper values come from the paper's CSV of the same name
           ours: pd.DataFrame, # our numbers: columns row, metric, ours (+ optional ci_low, ci_high, n, model, note per row)
           model: str | None = None, # what produced the numbers (model id, or a method name)
@@ -305,6 +308,7 @@ def _item_cell(col: str, v):
     return v
 
 @patch
+@timed_stage('report')
 def items(self: Results, name: str, # file stem: written as `items_<name>.csv`
           df: pd.DataFrame, # one row per (item, system): ITEM_COLUMNS, then any others
          ) -> Path:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
-from .config import atomic_write_bytes, cache_dir, quiet_loading
+from .config import atomic_write_bytes, cache_dir, quiet_loading, timed_stage
 from .text import Corpus, TOKEN_PATTERN, jaccard, tokenize
 from fastcore.basics import patch
 
@@ -201,6 +201,7 @@ class ContrastiveDualEncoder:
         flat = torch.tensor([i for x in ids for i in x], dtype=torch.long)
         return torch.nn.functional.normalize(self.emb(flat, offsets), dim=-1)  # empty bag -> zero vector
 
+    @timed_stage('training')
     def fit(self, queries: Sequence[str], docs: Sequence[str], # positive pairs, aligned
             epochs: int = 40, batch_size: int = 128, lr: float = 2e-3) -> 'ContrastiveDualEncoder':
         "Train on aligned (query, positive document) pairs; records the mean loss per epoch in `history`."
@@ -220,6 +221,7 @@ class ContrastiveDualEncoder:
         self.emb.eval()
         return self
 
+    @timed_stage('encoding')
     def encode(self, texts: Sequence[str], is_query: bool = False) -> np.ndarray:
         "L2-normalised embeddings (queries truncated to 64 tokens, documents to 256)."
         import torch
@@ -260,6 +262,7 @@ class SentenceTransformerEncoder:
         self.batch_size, self.query_prefix, self.doc_prefix = batch_size, query_prefix, doc_prefix
         self.dim = self.model.get_sentence_embedding_dimension()
 
+    @timed_stage('encoding')
     def encode(self, texts: Sequence[str], is_query: bool = False) -> np.ndarray:
         "L2-normalised float32 rows, encoded in batches of equal token count (each row as if its text were encoded alone)."
         pre = self.query_prefix if is_query else self.doc_prefix
@@ -312,6 +315,7 @@ class FlagEncoder:
                                    pooling_method='cls', normalize_embeddings=True)
         self.dim = self.model.model.config.hidden_size
 
+    @timed_stage('encoding')
     def encode(self, texts: Sequence[str], is_query: bool = False) -> np.ndarray:
         if not len(texts): return np.zeros((0, self.dim), np.float32)   # FlagModel cannot pad an empty batch
         fn = self.model.encode_queries if is_query else self.model.encode_corpus
@@ -459,6 +463,7 @@ class FeatureReranker(Reranker):
         dl = [len(self.bm25.doc_tokens[p]) for p in pos]
         return np.column_stack([bm, cos, jac, dl, np.full(len(pos), len(qt))]).astype(float)
 
+    @timed_stage('training')
     def fit(self, queries: Mapping[str, str], # training queries {qid: text}
             qrels: Mapping[str, Iterable[str]], # {qid: relevant doc ids}
             candidates: Run, # e.g. BM25 top-100 of the training queries
