@@ -152,14 +152,14 @@ def cpu_model() -> str:
 # %% ../nbs/09_bench.ipynb #f7a1b2c3
 def fresh_result(install: float, # seconds of `make install` (0 when it had nothing to do)
                  data: float, # seconds of the data checks
-                 chapters: float, # wall seconds of the chapters' run (`rag-lab reproduce`)
+                 run: float, # wall seconds of the chapters' run (`rag-lab reproduce`)
                  logged: dict[str, float], # `stage_seconds` of that run's stage log
                  **info, # what else to record: profile, chapters run, install note...
                 ) -> dict: # the benchmark record `check_fresh` accepts
     "Per-stage seconds of a fresh run (replay = the chapters' wall time less what was logged inside it), machine and total."
     inside = {k: round(logged.get(k, 0.0), 2) for k in LOGGED_STAGES}
     stages = dict(install=round(install, 2), data=round(data, 2), **inside,
-                  replay=round(chapters - sum(inside.values()), 2))
+                  replay=round(run - sum(inside.values()), 2))
     stages = {k: stages[k] for k in FRESH_STAGES}
     return dict(cpu=cpu_model(), cores=os.cpu_count(), load_average=[round(x, 2) for x in os.getloadavg()],
                 stages=stages, total_seconds=round(sum(stages.values()), 2), **info)

@@ -9,7 +9,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _record(**kw):
-    return fresh_result(install=312.4, data=3.2, chapters=700.0, logged=dict(encoding=240.5, training=61.25, report=12.0), **kw)
+    return fresh_result(install=312.4, data=3.2, run=700.0, logged=dict(encoding=240.5, training=61.25, report=12.0), **kw)
 
 
 def test_a_record_adds_up_and_replay_is_the_rest_of_the_chapters_time():
@@ -38,7 +38,7 @@ def test_a_broken_record_is_refused(edit, message):
 def test_the_chapters_cannot_log_more_time_than_they_took():
     "Encoding, training and report happen inside the chapters' run: more of them than its wall time is a broken log."
     with pytest.raises(ValueError, match='>= 0'):
-        check_fresh(fresh_result(install=0, data=1, chapters=10, logged=dict(encoding=8, training=3, report=0)))
+        check_fresh(fresh_result(install=0, data=1, run=10, logged=dict(encoding=8, training=3, report=0)))
 
 
 def test_stage_log_sums_per_stage_and_refuses_an_unknown_stage(tmp_path):
