@@ -260,7 +260,8 @@ class SentenceTransformerEncoder:
         # the name keys the embedding cache, so it carries the truncation length
         self.name = f"{'all-MiniLM-L6-v2' if model is None else Path(str(model)).name}-L{self.model.max_seq_length}"
         self.batch_size, self.query_prefix, self.doc_prefix = batch_size, query_prefix, doc_prefix
-        self.dim = self.model.get_sentence_embedding_dimension()
+        dim = getattr(self.model, 'get_embedding_dimension', None) or self.model.get_sentence_embedding_dimension   # renamed in 5.x
+        self.dim = dim()
 
     @timed_stage('encoding')
     def encode(self, texts: Sequence[str], is_query: bool = False) -> np.ndarray:
