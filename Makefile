@@ -49,7 +49,7 @@ site: install
 	$(BIN)/rag-lab site
 
 ## retrieval and generation speed benchmarks
-bench: install
+bench: install llama-server
 	$(BIN)/python -m rag_lab.bench
 
 ## JupyterLab on the notebooks

@@ -4,7 +4,7 @@
 
 # %% ../nbs/04b1_server.ipynb #963a5e5b
 from __future__ import annotations
-import json, os, random, socket, subprocess, time
+import json, os, random, socket, subprocess, threading, time
 from pathlib import Path
 from typing import Literal, Sequence
 import httpx
@@ -14,7 +14,7 @@ from .config import repo_root
 
 # %% auto #0
 __all__ = ['ServerKind', 'SERVER_KINDS', 'ServerError', 'server_root', 'ServerInfo', 'probe_server', 'llama_server_binary',
-           'LlamaServerProcess', 'LlamaServer']
+           'LlamaServerProcess', 'LlamaServer', 'SlotWatch']
 
 # %% ../nbs/04b1_server.ipynb #e4b4ffec
 class ServerError(RuntimeError):
@@ -228,3 +228,30 @@ def logprobs(self: LlamaServer, context: list[int], # the shared prompt's token 
             lps.append(known[tok])
         out.append(lps)
     return out
+
+# %% ../nbs/04b1_server.ipynb #b5098eb9
+class SlotWatch:
+    "How many of llama-server's slots compute at once while the `with` block runs: its `/slots`, polled from a thread."
+    def __init__(self, base_url: str, # the server's OpenAI base URL or root
+                 every: float = 0.05, # seconds between polls
+                ):
+        self.url, self.every, self.busy = server_root(base_url) + '/slots', every, []   # busy: slots computing, per poll
+
+    def _poll(self) -> None:
+        with httpx.Client(timeout=5) as http:
+            while not self._stop.is_set():
+                try: self.busy.append(sum(bool(s.get('is_processing')) for s in http.get(self.url).json()))
+                except (httpx.HTTPError, ValueError, TypeError, AttributeError): pass   # a poll that fails is not a count
+                self._stop.wait(self.every)
+
+    def __enter__(self) -> 'SlotWatch':
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True); self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None: self._stop.set(); self._thread.join()
+
+    @property
+    def peak(self) -> int:
+        "The most slots seen computing at once (0 when no poll answered)."
+        return max(self.busy, default=0)
