@@ -88,6 +88,23 @@ def test_scored_calls_agree_with_the_local_backend_within_1e_3_nats(remote, loca
         worst = max(worst, *diffs)
     print(f"\nparity over {len(far)} calls ({answers} answers): largest |Δ log-prob| = {worst:.2e} nats; {secs:.1f} s over the server")
     assert worst <= TOL, f"largest log-probability difference {worst:.2e} > {TOL}"
+    assert remote.server.fallbacks == 0   # every continuation scored on its slot's prompt cache, none the slow way
+
+
+def test_a_long_rationale_after_a_long_prompt_agrees_and_costs_about_two_prefills(remote, local):
+    "RAG²'s ΔPPL label: ~100 tokens scored after a ~600-token prompt, per token as the local backend, two prefills not 100."
+    from rag_lab.server import score_plan
+    msgs = [{'role': 'user', 'content': EVIDENCE * 7 + '\nWhat does aspirin inhibit?'}]
+    rationale = ' Aspirin inhibits cyclooxygenase-1 and -2, so prostaglandin synthesis falls; the evidence above says so.' * 4
+    t0 = time.perf_counter(); a = remote.score(msgs, rationale, cache='off'); secs = time.perf_counter() - t0
+    b = local.score(msgs, rationale, cache='off')
+    assert (a.tokens, a.context_tokens) == (b.tokens, b.context_tokens) and a.context_tokens > 500 and len(a.tokens) > 90
+    worst = max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs))
+    n_eval = sum(p - r for chain in score_plan(a.context_tokens, len(a.tokens)) for p, r in chain)
+    print(f"\n{len(a.tokens)} tokens after {a.context_tokens}: largest |Δ log-prob| = {worst:.2e} nats; {secs:.1f} s, "
+          f"{n_eval} tokens evaluated (a whole prompt per token: {sum(a.context_tokens + i for i in range(len(a.tokens)))})")
+    assert worst <= TOL and remote.server.fallbacks == 0
+    assert n_eval <= 2 * (a.context_tokens + len(a.tokens))
 
 
 def test_structured_output_over_the_server(remote):
