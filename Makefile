@@ -60,7 +60,7 @@ site: install
 	$(BIN)/rag-lab site
 
 ## retrieval and generation speed benchmarks
-bench: install
+bench: install llama-server
 	$(BIN)/python -m rag_lab.bench
 
 ## a fresh `make reproduce` timed stage by stage (install, data checks, encoding, training, replay, report) on a fresh

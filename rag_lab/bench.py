@@ -10,14 +10,18 @@ from .config import atomic_write_text, out_root
 from .report import markdown_table
 from .data import load_scifact_beir, scifact_corpus
 from .retrieval import BM25Index, RankBM25Index, same_rankings
-from .calls import CallRecords, LLMCache, Ledger
-from .llm import LlamaCppLLM
+from .calls import CallRecords, LLMCache, Ledger, map_calls
+from .config import SMOKE_LLM
+from .llm import LLM, LlamaCppLLM, LlamaServerLLM
+from .models import embedded_model_path
+from .server import LlamaServerProcess, SlotWatch
 from typing import Sequence
 import pandas as pd
 
 # %% auto #0
-__all__ = ['LLM_BENCH_MODELS', 'FRESH_STAGES', 'LOGGED_STAGES', 'bench_bm25', 'bm25_markdown', 'benchmark', 'bench_llm', 'main',
-           'stage_seconds', 'cpu_model', 'fresh_result', 'check_fresh', 'fresh_cache', 'bench_fresh', 'cli']
+__all__ = ['LLM_BENCH_MODELS', 'SERVER_QUESTIONS', 'FRESH_STAGES', 'LOGGED_STAGES', 'bench_bm25', 'bm25_markdown', 'benchmark',
+           'bench_llm', 'bench_server', 'server_markdown', 'main', 'stage_seconds', 'cpu_model', 'fresh_result',
+           'check_fresh', 'fresh_cache', 'bench_fresh', 'cli']
 
 # %% ../nbs/09_bench.ipynb #3b3cd0cb
 def bench_bm25(n: int | None = None, # test claims to retrieve (None: all 300)
@@ -108,11 +112,69 @@ def bench_llm(models: Sequence[str] = LLM_BENCH_MODELS, # embedded model names
     "`benchmark` for every model and thread count, in one table."
     return pd.concat([benchmark(m, prompt_tokens, gen_tokens, n_threads=t) for m in models for t in threads], ignore_index=True)
 
+# %% ../nbs/09_bench.ipynb #c3733bc1
+SERVER_QUESTIONS = ('Is aspirin an anti-inflammatory drug?', 'Does smoking cause lung cancer?', 'Is the Earth flat?',
+                    'Can vitamin C cure the common cold?', 'Is water made of hydrogen and oxygen?',
+                    'Does regular exercise lower blood pressure?', 'Is Paris the capital of Germany?', 'Do antibiotics kill viruses?')
+_LETTERS = {'A': 'yes', 'B': 'no', 'C': 'maybe'}
+
+def _scored_calls(llm: LLM, questions: Sequence[str]) -> list[tuple[list[float], str | None]]:
+    "Three scored calls per question, of the kinds the chapters make: (log-probabilities, the answer chosen or None)."
+    out = []
+    for q in questions:
+        c = llm.choose_option(f"{_BENCH_TEXT}\n{q}\nA. yes\nB. no\nC. maybe", _LETTERS, prefix='Answer:')
+        out.append((list(c.logprobs.values()), c.answer))
+        w = llm.choose([{'role': 'system', 'content': 'You are a careful biomedical assistant.'}, {'role': 'user', 'content': q}],
+                       [' yes', ' no', ' it depends on the evidence'], prefix='FINAL ANSWER:')
+        out.append((w.logprobs, w.best))
+        out.append((llm.score([{'role': 'user', 'content': q}], ' The evidence says yes, with some caveats.').logprobs, None))
+    return out
+
+def bench_server(model: str = SMOKE_LLM['model'], # an embedded model name
+                 questions: Sequence[str] = SERVER_QUESTIONS, # three scored calls each
+                 workers: int = 4, # requests kept in flight, and the server's slots
+                ) -> dict:
+    "Scored calls over llama-server against the local llamacpp backend (largest difference, answers), and the slots computing at once under `map_calls`."
+    tmp = Path(tempfile.mkdtemp(prefix='rag_lab_bench_'))
+    fresh = lambda name: dict(cache=LLMCache(tmp / f'{name}.sqlite', mode='off'), ledger=Ledger(), records=CallRecords(tmp / name))
+    with LlamaServerProcess(embedded_model_path(model), parallel=workers, alias=model) as proc:
+        remote = LlamaServerLLM(model, base_url=proc.base_url, **fresh('server'))
+        t0 = time.perf_counter(); far = _scored_calls(remote, questions); far_s = time.perf_counter() - t0
+        prompts = [f"{_BENCH_TEXT}\n{q}\nA. yes\nB. no\nC. maybe" for q in questions]
+        t0 = time.perf_counter()
+        with SlotWatch(proc.base_url) as watch:
+            map_calls(lambda p: remote.choose_option(p, _LETTERS, prefix='Answer:'), prompts, workers=workers, ledger=remote.ledger)
+        flight_s = time.perf_counter() - t0
+    t0 = time.perf_counter(); near = _scored_calls(LlamaCppLLM(model, n_threads=1, **fresh('local')), questions)
+    near_s = time.perf_counter() - t0
+    comparable = [(a, b) for (a, _), (b, _) in zip(far, near) if len(a) == len(b)]
+    answers = [(x, y) for (_, x), (_, y) in zip(far, near) if x is not None]
+    return dict(model=model, calls=len(far), mismatched_lengths=len(far) - len(comparable),
+                max_abs_diff=max(abs(x - y) for a, b in comparable for x, y in zip(a, b)),
+                answers=len(answers), same_answers=sum(x == y for x, y in answers), server_seconds=round(far_s, 2),
+                local_seconds=round(near_s, 2), workers=workers, in_flight=watch.peak, polls=len(watch.busy),
+                in_flight_choices=len(prompts), in_flight_seconds=round(flight_s, 2),
+                load_average=round(os.getloadavg()[0], 2))
+
+# %% ../nbs/09_bench.ipynb #3ff87c84
+def server_markdown(r: dict, # a `bench_server` result
+                   ) -> str:
+    "The server benchmark as a markdown report."
+    return (f"# llama.cpp's server: parity with the local backend and requests in flight\n\nmodel `{r['model']}`, one thread each; "
+            f"load average {r['load_average']}.\n\n| measure | value |\n|---|---|\n"
+            f"| scored calls compared | {r['calls']} ({r['mismatched_lengths']} with another token count) |\n"
+            f"| largest log-probability difference | {r['max_abs_diff']:.2e} nats (bar: 1e-3) |\n"
+            f"| same answer | {r['same_answers']} of {r['answers']} |\n"
+            f"| seconds: server / local | {r['server_seconds']} / {r['local_seconds']} |\n"
+            f"| slots computing at once (`map_calls`, {r['workers']} workers) | {r['in_flight']} of {r['workers']} "
+            f"({r['polls']} polls; {r['in_flight_choices']} choices in {r['in_flight_seconds']} s) |\n")
+
 # %% ../nbs/09_bench.ipynb #67bc6e00
 def main(out_dir: str | None = None, # output root (default: the repository)
          llm: bool = True, # also benchmark the embedded LLMs (a few minutes)
+         server: bool = True, # also benchmark llama.cpp's server against the local backend (`make llama-server` builds it)
         ) -> Path:
-    "Run the benchmarks, write `reports/bench/bm25.*` (and `llm.*`), print them; returns the bench folder."
+    "Run the benchmarks, write `reports/bench/bm25.*` (and `llm.*`, `server.*`), print them; returns the bench folder."
     root = out_root(out_dir) / 'reports' / 'bench'
     r = bench_bm25()
     atomic_write_text(root / 'bm25.json', json.dumps(r, indent=1))
@@ -123,6 +185,10 @@ def main(out_dir: str | None = None, # output root (default: the repository)
         md = (f"# LLM benchmark: this package vs llama.cpp's own timers\n\nmachine: {r['machine']}; "
               f"load average at start {os.getloadavg()[0]:.2f}.\n\n" + markdown_table(t) + "\n")
         print(atomic_write_text(root / 'llm.md', md).read_text())
+    if server:
+        s = bench_server()
+        atomic_write_text(root / 'server.json', json.dumps(s, indent=1))
+        print(atomic_write_text(root / 'server.md', server_markdown(s)).read_text())
     return root
 
 # %% ../nbs/09_bench.ipynb #f7a1b2c1

@@ -25,7 +25,8 @@ __all__ = ['KERNEL_HASHSEED', 'STAGING_OWNER', 'LEGACY_STAGING_AGE', 'RECORDED_P
            'published_problems', 'write_summaries', 'note_verdict', 'verdict_table', 'verdict_markdown',
            'readme_with_verdicts', 'update_readme_verdicts', 'refresh_readme', 'readme_command', 'reproduce',
            'site_command', 'records_table', 'nominal_seconds', 'fresh_seconds', 'estimate_fresh_compute', 'lanes_wall',
-           'save_fresh_estimate', 'records_command', 'check_server_command', 'list_command', 'params_command', 'main']
+           'save_fresh_estimate', 'records_command', 'server_check_failures', 'check_server_command', 'list_command',
+           'params_command', 'main']
 
 # %% ../nbs/08_runner.ipynb #4fae61f3
 class UsageError(ValueError):
@@ -762,6 +763,18 @@ def records_command(action: str, sample: int = 20, seed: int = 0,
           + (f"; {len(recs.tampered)} tampered line(s) were not replayed" if recs.tampered else ''))
     return 1 if bad else 0
 
+# %% ../nbs/08_runner.ipynb #ecf48fd4
+def server_check_failures(v: pd.DataFrame, # `verify_records` rows: key, kind, agree, max_abs_diff, note
+                          tol: float = 1e-3, # largest log-probability difference accepted (nats)
+                         ) -> pd.DataFrame: # the failing rows, with `changed` (an answer changed) and `why`
+    "The recomputed calls that fail a server check: a changed answer, or log-probabilities beyond `tol` or not comparable."
+    changed = ((v.kind == 'chat') & ~v.agree.astype(bool)) | (v.note != '')   # another text, or another option chosen
+    drift = ~(v.max_abs_diff <= tol)   # NaN fails too: another number of log-probabilities than the record's
+    why = [r.note or ('another generated text' if c else f"log-probabilities differ by {r.max_abs_diff:.2e} nats"
+                      if r.max_abs_diff == r.max_abs_diff else 'another number of log-probabilities than its record')
+           for r, c in zip(v.itertuples(), changed)]
+    return v.assign(changed=changed, why=why)[changed | drift]
+
 # %% ../nbs/08_runner.ipynb #e8f7a9b0
 def check_server_command(model: str, # the GGUF whose records are recomputed: an embedded model name or a .gguf path
                          base_url: str | None = None, # a running llama-server serving it; None: start one on 127.0.0.1
@@ -795,13 +808,12 @@ def check_server_command(model: str, # the GGUF whose records are recomputed: an
         except (LLMError, ServerError) as e: raise UsageError(str(e)) from None
     if not len(v): raise UsageError(f"no records of {model} ({fp[:19]}...) to recompute")
     print(v.to_string(index=False))
-    worst = v.max_abs_diff.max()
-    changed = v[(v.kind == 'chat') & ~v.agree | (v.note != '')]
-    over = v[v.max_abs_diff > tol]
+    bad = server_check_failures(v, tol)
     print(f"\n{len(v)} recorded calls of {model} recomputed through {url if base_url else 'llama-server on 127.0.0.1'}: "
-          f"largest log-probability difference {worst:.2e} nats (tolerance {tol:g}); {len(changed)} changed answer(s)"
-          + ''.join(f"\n  {r.key} ({r.kind}): {r.note or 'another generated text'}" for r in changed.itertuples()))
-    return 1 if len(changed) or len(over) else 0
+          f"largest log-probability difference {v.max_abs_diff.max():.2e} nats (tolerance {tol:g}); "
+          f"{int(bad.changed.sum())} changed answer(s), {int((~bad.changed).sum())} other call(s) beyond the tolerance"
+          + ''.join(f"\n  {r.key} ({r.kind}): {r.why}" for r in bad.itertuples()))
+    return 1 if len(bad) else 0
 
 # %% ../nbs/08_runner.ipynb #69a331a7
 def list_command(root: Path | None = None, # output root (default: the repository, i.e. the published results)

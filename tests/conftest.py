@@ -40,6 +40,24 @@ def toy():
         Document('103', 'Screening', 'CT screening for small cell lung carcinoma.',
                  metadata=dict(year=None, mesh=['Small Cell Lung Carcinoma']))], name='toy')
 
+@pytest.fixture(scope='module')
+def llama_server_bin() -> Path:
+    "llama.cpp's server, built once from the vendored sources (cached); the test is skipped only where it cannot be built."
+    import shutil
+    from rag_lab.server import llama_server_binary
+    missing = [t for t in ('cmake', 'c++') if shutil.which(t) is None]
+    if missing and not sorted(REPO.glob('.cache/llama-server/*/llama-server')):
+        pytest.skip(f"llama-server cannot be built here: {', '.join(missing)} not installed (and no cached build)")
+    return llama_server_binary(build=True, jobs=2)   # cached: instant after the first build
+
+def readme_reproduce_commands() -> list[str]:
+    "Every `rag-lab reproduce` command in README.md, continuation lines joined, without comments or VAR=value prefixes."
+    import re
+    lines = (REPO / 'README.md').read_text().replace('\\\n', ' ').splitlines()
+    env = r'(?:[A-Z_]+=\S+\s+)*'
+    return [re.sub(f'^{env}', '', l.split('#')[0].strip()) for l in lines
+            if re.match(rf'^{env}(\.venv/bin/)?rag-lab reproduce', l.strip())]
+
 @pytest.fixture
 def out_env(tmp_path, monkeypatch) -> Path:
     "Outputs of the code under test go to a temp folder, never into the repository."

@@ -233,13 +233,11 @@ def test_parallel_lanes_start_the_longest_chapters_first(monkeypatch, tmp_path, 
 def test_every_reproduce_command_in_the_readme_passes_validation():
     "The README's `rag-lab reproduce` examples are accepted as written (before, each -p value was checked alone against "
     "the default profile, so `--profile paper -p backend=openai` for verirag was refused)."
-    import re, shlex
+    import shlex
+    from conftest import readme_reproduce_commands
     from rag_lab.runner import _parser, plan_run
     repo = Path(__file__).resolve().parents[1]
-    lines = (repo / 'README.md').read_text().replace('\\\n', ' ').splitlines()   # continuation lines joined
-    env = r'(?:[A-Z_]+=\S+\s+)*'                                                     # VAR=value prefixes
-    cmds = [re.sub(f'^{env}', '', l.split('#')[0].strip()) for l in lines
-            if re.match(rf'^{env}(\.venv/bin/)?rag-lab reproduce', l.strip())]
+    cmds = readme_reproduce_commands()
     assert len(cmds) >= 7, cmds
     assert any('pubmed_reasoner.n_free_text=3' in c for c in cmds)   # the budget's sample command, whole
     for cmd in cmds:
