@@ -347,7 +347,7 @@ def site_sources(root: Path | str | None = None, # output root of the run to pub
         try: verdicts = verdict_markdown(root)
         except ValueError as e: verdicts = f'(no verdict table: {_md_text(e)})\n'
         (src / 'intro.md').write_text('# rag_lab: a scratch run\n\n```{warning}\nScratch run, not the published results.\n\n'
-                                      + _md_text(banner).replace('\n', '\n\n') + '\n```\n\n' + card.replace('## Scorecard', '## Scorecard of this run')
+                                      + '\n\n'.join(_md_text(l) for l in banner.splitlines()) + '\n```\n\n' + card.replace('## Scorecard', '## Scorecard of this run')
                                       + '\n## Headline comparisons of this run\n\n' + verdicts)
     else: (src / 'intro.md').write_text((repo / 'README.md').read_text())
     (src / 'scorecard.md').write_text('# Scorecard\n\nComputed from the CSVs of this run (`reports/<slug>/*.csv`); each chapter links to its executed notebook.\n\n'

@@ -208,8 +208,10 @@ def reader_table(df: pd.DataFrame, # a contract table (RESULT_COLUMNS), as writt
     for r in df.itertuples(index=False):
         text = printed.get((r.row, r.metric)) or ('' if blank(r.paper) else csv_number(float(r.paper)))   # as printed, else as kept
         d, signed = _reading_digits(r.metric, text), str(r.metric).startswith('Δ')
-        num = lambda x, s=signed: '' if blank(x) else (f'{x:+.{d}f}' if s else f'{x:.{d}f}' if d is not None else
-                                                         ('+' if s and x > 0 else '') + _fmt(float(x))).replace('-', '−')
+        def num(x, s=signed):
+            if blank(x): return ''
+            text = _fmt(float(x)) if d is None else f'{x:.{d}f}'   # no paper precision: 4 significant digits
+            return (('+' if s and not text.startswith('-') else '') + text).replace('-', '−')
         ci = not blank(r.ours) and not blank(getattr(r, 'ci_low', None)) and not blank(getattr(r, 'ci_high', None))
         rows.append({'row': r.row, 'metric': r.metric,
                      'ours [95% CI]': ci_text(r.ours, r.ci_low, r.ci_high, 3 if d is None else d, signed) if ci else num(r.ours),

@@ -589,7 +589,7 @@ def _calls_note(root: Path, slug: str, status: str) -> str:
 def site_command(out: str | None = None, # output root of the run to publish (default: the repository's published run)
                 ) -> int:
     "Build the website of a run (`reports/site/_build/html/index.html` under its output root)."
-    from rag_lab.report import build_site
+    from rag_lab.pages import build_site
     root = out_root(out)
     if not (root / 'reports' / 'executed').is_dir():
         print(f"rag-lab: error: {root / 'reports' / 'executed'} does not exist; run `rag-lab reproduce` first", file=sys.stderr); return 2

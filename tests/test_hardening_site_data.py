@@ -8,7 +8,8 @@ import pytest
 import rag_lab.data as data
 from rag_lab.data import DataError, DataFile
 from rag_lab.parsing import parse_json_verdict, parse_mirage_output, tally
-from rag_lab.report import csv_text, item_browser
+from rag_lab.report import csv_text
+from rag_lab.pages import item_browser
 
 SECRET = 'SECRET-8f2c1e-never-published'
 HEADING = 'Injected Heading From A Model'
@@ -81,7 +82,7 @@ def test_item_page_keeps_every_output_exactly_and_shows_the_core_columns(tmp_pat
 
 def _build_book(src: Path, pages: dict[str, str]) -> Path:
     "A Jupyter Book with the site's own configuration and these pages, built as `rag-lab site` builds it."
-    from rag_lab import report
+    from rag_lab import pages as report   # the site's pages and build (07b_pages)
     (src / '_static').mkdir(parents=True); (src / '_extra').mkdir()
     (src / '_config.yml').write_text(report._SITE_CONFIG)
     (src / 'intro.md').write_text('# Intro\n')
@@ -105,7 +106,7 @@ def test_hostile_outputs_never_reach_the_built_site_as_markup(tmp_path):
     assert len(re.findall(r'<h[1-6][ >]', text)) == len(re.findall(r'<h[1-6][ >]', benign)), 'a model output added a heading'
     p = _PreTexts(); p.feed(text)
     assert any(f'# {HEADING}' in (t or '') for t in p.pres)                   # shown as the text it is
-    assert text.count('<details>') == text.count('</details>') == len(df)
+    assert text.count('<details id=') == text.count('</details>') == len(df)   # one anchored entry per item
     assert text.count('<pre>') == text.count('</pre>')
 
 
