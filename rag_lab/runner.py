@@ -388,9 +388,9 @@ def fresh_plan(plan: dict[str, dict], # `plan_run`'s {slug: parameters}
         base = resolve_params(slug, src).model_dump() if src else None
         if not fresh and base is not None and _counts_only(run.model_dump(), base):
             rows.append(dict(slug=slug, llm=True, replays=src, hours=0.0, why=f'replays the {src} records')); continue
-        est = fresh_estimate(call_records().folder(slug, 'default')) if src else None
-        if src == 'smoke' and est is None:   # the smoke model's calls: what the records say they took
-            est = sum(r['value'].get('seconds') or 0 for r in call_records().read_folder(slug, 'smoke').values()) / 3600
+        est = fresh_estimate(call_records().folder(slug, src)) if src else None   # measured (`records budget --save`)
+        if src and est is None:   # no measured estimate: what the recorded calls took when they were made
+            est = sum(r['value'].get('seconds') or 0 for r in call_records().read_folder(slug, src).values()) / 3600
         scale = min(1.0, run.n / base['n']) if est is not None and base and run.n and base.get('n') else 1.0
         why = '--fresh' if fresh else f'parameters the {src} records do not cover' if src else f'the {profile} profile has no records'
         rows.append(dict(slug=slug, llm=True, replays='', hours=est * scale if est is not None else float('nan'), why=why))
@@ -404,7 +404,7 @@ def fresh_budgets(plan: dict[str, dict], # `plan_run`'s {slug: parameters}
     "Print the fresh-compute estimate of a run that may compute calls; a `UsageError` above `FRESH_LIMIT_SECONDS` without `allow`."
     fp = fresh_plan(plan, profile, fresh)
     fp = fp[fp.llm]
-    costly = fp[~(fp.hours * 3600 <= FRESH_LIMIT_SECONDS)]   # NaN (unknown) counts as costly
+    costly = fp[~(fp.hours * 3600 <= FRESH_LIMIT_SECONDS)] if profile != 'smoke' else fp[:0]   # NaN (unknown) is costly; the smoke model never
     if len(fp) and (fp.replays == '').any():
         lines = [f"  {r.slug}: {'unknown (no estimate)' if r.hours != r.hours else f'≈ {r.hours:.1f} h'} of fresh LLM calls ({r.why})"
                  for r in fp[fp.replays == ''].itertuples()]
@@ -413,7 +413,7 @@ def fresh_budgets(plan: dict[str, dict], # `plan_run`'s {slug: parameters}
         raise UsageError(f"this run would compute LLM calls afresh for {', '.join(costly.slug)} (estimate above), more than "
                          f"{FRESH_LIMIT_SECONDS / 60:.0f} min; add --allow-fresh to start it, or choose parameters the records "
                          f"cover (fewer items of a recorded profile, e.g. --profile class)")
-    if allow or fresh: return {s: {} for s in plan}
+    if allow or fresh or profile == 'smoke': return {s: {} for s in plan}   # smoke: the cheap model, made for trying changes
     replay = dict(zip(fp.slug, fp.replays))
     return {s: {'RAG_LAB_FRESH_BUDGET': '0' if profile == 'class' else str(FRESH_LIMIT_SECONDS)} if s in replay else {} for s in plan}
 

@@ -76,7 +76,7 @@ def test_item_page_keeps_every_output_exactly_and_shows_the_core_columns(tmp_pat
         assert norm(raw) in [norm(t or '') for t in p.pres], raw          # every output shown whole, line breaks and all
     for header in ('confidence', 'option log-probs', 'raw output', 'calls'):
         assert f'<th>{header}</th>' in page
-    assert '4f210eef9f164fc0' in page and '<a ' not in page          # call keys as plain text: nothing to link to yet
+    assert '<code>4f210eef9f164fc0</code>' in page and 'call-4f210eef' not in page   # no calls page given: keys as plain text
     assert 'A: -0.1054' in page                                       # option log-probabilities one per option
 
 
