@@ -62,8 +62,8 @@ def write_index(root: Path | str | None = None, # output root holding reports/ a
         if meta_p.exists():
             m = json.loads(meta_p.read_text())
             parts.append((f"**{m['banner']}**\n\n" if m.get('banner') else '') +
-                         f"Run: profile `{m['profile']}`, commit `{m['git_commit']}`, started {m['started']}, "
-                         f"wall {m.get('wall_seconds')} s, machine {m.get('machine')}, models {m.get('models') or '-'}, "
+                         f"Run: profile `{m['profile']}`, commit `{m['git_commit']}`, machine {m.get('machine')}, "   # its times: run_meta.json
+                         f"models {m.get('models') or '-'}, "
                          f"params `{json.dumps({k: v for k, v in m['params'].items() if k != 'out_dir'})}`\n")
         elif not rdir.exists():
             parts.append('_No outputs yet._\n'); continue

@@ -257,6 +257,7 @@ class Results:
         self.tables: dict[str, pd.DataFrame] = {}
         self.figures: list[str] = []
         self.captions: dict[str, str] = {}
+        self.timings: dict[str, float] = {}   # label -> seconds: times stay in run_meta.json, out of the tables a replay reproduces
 
     @staticmethod
     def _root(explicit: str | Path | None, profile: str) -> Path:
@@ -301,7 +302,7 @@ class Results:
         if folder is not None and LEDGER.calls: self._note_digests(folder / 'tables.sha256')
         recorded = finish_recording()
         calls = LEDGER.sources() | dict(recorded=recorded) if LEDGER.records else None
-        meta = self.run.model_dump() | dict(tables=sorted(self.tables), figures=self.figures, captions=self.captions, llm_calls=calls,
+        meta = self.run.model_dump() | dict(tables=sorted(self.tables), figures=self.figures, captions=self.captions, timings=self.timings, llm_calls=calls,
                                             prompts=prompt_digests(CHAPTERS[self.slug].load()))
         if run_context().banner: meta['banner'] = run_context().banner   # the index and the site label a scratch run with it
         atomic_write_text(self.report_dir / 'run_meta.json', json.dumps(meta, indent=1, default=str))
@@ -371,6 +372,17 @@ def table(self: Results, name: str, # table file stem; paper values come from th
     atomic_write_text(self.report_dir / f'{name}.md', md + markdown_table(view))
     self.tables[name] = df
     return df
+
+# %% ../nbs/07_report.ipynb #6f74e715
+@patch
+def timing(self: Results, label: str, # what was timed, e.g. 'BM25 index' or 'answers / RAG²'
+           seconds: float, # its wall time in this run
+          ) -> float:
+    "Keep a wall time in `run_meta.json` (`timings`), never in a table: a replay then rewrites every table identically."
+    if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds >= 0):
+        raise ValueError(f"timing {label!r}: seconds must be a finite number >= 0, got {seconds!r}")
+    self.timings[label] = round(float(seconds), 2)
+    return self.timings[label]
 
 # %% ../nbs/07_report.ipynb #5cc8f230
 def start_run(slug: str, # paper slug
@@ -682,7 +694,7 @@ def scorecard(root: Path | str | None = None, # output root holding reports/
 # %% ../nbs/07_report.ipynb #c0baa395
 SCORECARD_HEADERS = {'paper': 'chapter', 'compared': 'cells compared', 'within_5pct': 'within 5%', 'within_10pct': 'within 10%',
                      'ok_close_off': 'OK / close / off', 'median_rel_error': 'median rel. error', 'median_n': 'median n',
-                     'headline': 'headline verdicts', 'wall': 'wall', 'run': 'LLM calls'}   # plain words, in reading order
+                     'headline': 'headline verdicts', 'run': 'LLM calls'}   # plain words, in reading order; times stay in run_meta.json
 
 def scorecard_text(root: Path | str | None = None, # output root holding reports/
                    links: Mapping[str, str] | None = None, # slug -> where its chapter is (a markdown link target)
@@ -692,7 +704,6 @@ def scorecard_text(root: Path | str | None = None, # output root holding reports
     if not len(sc): return 'Scorecard: no published outputs yet.\n'
     show = sc.assign(median_rel_error=[f'{x:.1%}' if x == x else '' for x in sc.median_rel_error],
                      median_n=[f'{x:.0f}' if x == x else '' for x in sc.median_n],
-                     wall=[f'{w / 60:.1f} min' if w is not None else '' for w in sc.wall_seconds],
                      paper=[f'[{s}]({links[s]})' if links and s in links else s for s in sc.paper])
     shared = [f'{c} {show[c].iloc[0]}' for c in ('profile', 'model') if show[c].nunique() == 1]
     cols = [c for c in SCORECARD_HEADERS if c in show] + [c for c in ('profile', 'model') if show[c].nunique() > 1]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import IO, Mapping, Sequence
 from . import __version__
 from dataclasses import replace
-from .config import SMOKE_LLM, PROFILES, RunContext, parse_param, check_params, repo_root, out_root, run_context, scratch_root, atomic_write_text
+from .config import SMOKE_LLM, PROFILES, REPLAYS, RunContext, parse_param, check_params, repo_root, out_root, run_context, scratch_root, atomic_write_text
 from .papers import CHAPTERS, PAPERS
 from .calls import CacheError, RecordsError, clock
 from .report import scorecard_text, markdown_table
@@ -379,7 +379,7 @@ def fresh_plan(plan: dict[str, dict], # `plan_run`'s {slug: parameters}
               ) -> pd.DataFrame: # slug, llm, replays, hours (NaN: unknown), why
     "Each chapter's expected fresh LLM compute: 0 for a replay of recorded parameters, else its measured estimate scaled by n."
     from rag_lab.calls import call_records
-    from rag_lab.config import LLMParams, REPLAYS, resolve_params
+    from rag_lab.config import LLMParams, resolve_params
     rows = []
     for slug, over in plan.items():
         run = resolve_params(slug, profile, **over)
