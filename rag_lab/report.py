@@ -705,7 +705,9 @@ def scorecard_text(root: Path | str | None = None, # output root holding reports
     show = sc.assign(median_rel_error=[f'{x:.1%}' if x == x else '' for x in sc.median_rel_error],
                      median_n=[f'{x:.0f}' if x == x else '' for x in sc.median_n],
                      paper=[f'[{s}]({links[s]})' if links and s in links else s for s in sc.paper])
-    shared = [f'{c} {show[c].iloc[0]}' for c in ('profile', 'model') if show[c].nunique() == 1]
-    cols = [c for c in SCORECARD_HEADERS if c in show] + [c for c in ('profile', 'model') if show[c].nunique() > 1]
-    return (f"## Scorecard\n\n{'; '.join(shared)}. Cells are the paper's numbers this run also computed.\n\n"
+    shared = [f'profile {show.profile.iloc[0]}' if show.profile.nunique() == 1 else '',   # said once: the table stays narrow
+              'model ' + '; '.join(f"{'none' if m == '-' else m} ({', '.join(g.paper)})" if show.model.nunique() > 1 else m
+                                    for m, g in sc.groupby('model', sort=False))]
+    cols = [c for c in SCORECARD_HEADERS if c in show] + (['profile'] if show.profile.nunique() > 1 else [])
+    return (f"## Scorecard\n\n{'; '.join(filter(None, shared))}. Cells are the paper's numbers this run also computed.\n\n"
             + markdown_table(show[cols].rename(columns=SCORECARD_HEADERS)))
