@@ -42,9 +42,10 @@ $(STAMP): settings.ini setup.py tools/llama_cmake_args.sh
 # the data mirror: $RAG_LAB_DATA, else ../shared/data when it exists (else loaders download into data/)
 DATA_MIRROR := $(or $(RAG_LAB_DATA),$(if $(wildcard ../shared/data),$(abspath ../shared/data)))
 
-## main job: regenerate every paper's tables and figures (default profile, embedded models; ONLY="rag2 verirag" for some)
+## main job: regenerate every paper's tables and figures (default profile, embedded models; ONLY="rag2 verirag" for some;
+## ALLOW_FRESH=1 lets it compute calls the records lack when that takes more than a few minutes)
 reproduce: install
-	$(if $(DATA_MIRROR),RAG_LAB_DATA=$(DATA_MIRROR)) $(BIN)/rag-lab reproduce --profile $(PROFILE) $(if $(ONLY),--only $(ONLY)) --jobs $(JOBS)
+	$(if $(DATA_MIRROR),RAG_LAB_DATA=$(DATA_MIRROR)) $(BIN)/rag-lab reproduce --profile $(PROFILE) $(if $(ONLY),--only $(ONLY)) --jobs $(JOBS) $(if $(ALLOW_FRESH),--allow-fresh)
 
 ## whole test suite: notebooks clean and in sync, nbdev_test (smoke profile), pytest
 test: install llama-server
