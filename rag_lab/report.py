@@ -239,8 +239,9 @@ def scratch_banner(params: Mapping, # the scratch run's resolved parameters
     "The label of a run that is not the published one: what differs from the published parameters."
     diff = [k for k in params if k not in ('profile', 'out_dir') and published and params[k] != published.get(k)]
     prof = '' if published and params.get('profile') == published.get('profile') else f"profile {params.get('profile')}"
-    named = ', '.join(f'{k} = {params[k]}' for k in diff[:most]) + (', …' if len(diff) > most else '')
-    pub = ', '.join(f'{k} = {published[k]}' for k in diff[:most] if k in published)
+    shown = lambda k, v: ('all' if k == 'n' or k.startswith('n_') else 'the profile value') if v is None else v   # None: unset
+    named = ', '.join(f'{k} = {shown(k, params[k])}' for k in diff[:most]) + (', …' if len(diff) > most else '')
+    pub = ', '.join(f'{k} = {shown(k, published[k])}' for k in diff[:most] if k in published)
     return 'scratch run: ' + ('; '.join(filter(None, [', '.join(filter(None, [prof, named])), pub and f'published {pub}']))
                               or 'the published parameters, not the published run')
 

@@ -22,7 +22,7 @@ class Paper:
     kind: str = 'paper'       # 'paper', or 'comparison' for a chapter across papers
     needs: tuple[str, ...] = ()   # chapters whose published outputs it reads (the runner runs it after them)
     claims: tuple[tuple[str, str, str], ...] = ()   # headline comparisons the README quotes: (table stem, row label, metric)
-    teaching: tuple[tuple[str, int], ...] = ()   # the `class` profile: (parameter, value) pairs that shrink the default's item counts
+    teaching: tuple[tuple[str, int], ...] = ()   # the `class` profile: (parameter, value) pairs that shrink the default's item counts (claim_aware: its training epochs)
 
     @property
     def module(self) -> str: return f'rag_lab.papers.{self.slug}'
@@ -51,7 +51,7 @@ PAPERS: dict[str, Paper] = {p.slug: p for p in [
                   ('headline', 'BM25 RAG vs closed book / PubMedQA*', 'Δ accuracy (points)'),
                   ('headline', 'BM25 RAG vs closed book, calibrated on dev / PubMedQA*', 'Δ accuracy (points)'))),
     Paper('claim_aware', 'Claim-aware scientific RAG: retrieval, evidence sentences, abstention', '20_claim_aware.ipynb',
-          ('21_claim_aware_method.ipynb',), 'SciFact', teaching=(('n', 20),)),
+          ('21_claim_aware_method.ipynb',), 'SciFact', teaching=(('n', 20), ('dense_epochs', 5))),
     Paper('rag2', 'RAG²: rationale queries, balanced multi-corpus retrieval, perplexity-labelled filter', '30_rag2.ipynb',
           ('31_rag2_method.ipynb',), 'MedQA, MedMCQA, MMLU-Med', teaching=(('n', 7), ('n_secondary', 3), ('n_pubmedqa', 20)),
           claims=(('headline', 'RAG² vs closed book / all three (pooled)', 'Δ accuracy (points)'),
