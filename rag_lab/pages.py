@@ -4,21 +4,22 @@
 
 # %% ../nbs/07b_pages.ipynb #1e9f329d
 from __future__ import annotations
-import html, json, math, re
+import ast, html, json, math, re
 from pathlib import Path
 from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 from .config import atomic_write_text, out_root
 from .papers import CHAPTERS, PAPERS
-from .report import (ITEM_COLUMNS, _fmt, _result_csvs, ci_text, markdown_table, paper_table, reader_table, row_parts,
+from .report import (ITEM_COLUMNS, _fmt, _result_csvs, ci_text, markdown_table, paper_table, reader_table, row_parts, table_digests,
                             scorecard_text, table_value)
 
 # %% auto #0
 __all__ = ['INDEX_MAX_ROWS', 'MATHJAX_PACKAGE', 'WHY_MAX_CHARS', 'VERDICT_COLUMNS', 'VERDICTS_BEGIN', 'VERDICTS_END',
-           'run_banner', 'figure_captions', 'write_index', 'local_mathjax', 'anchor', 'item_texts', 'item_browser',
-           'call_page', 'readable_outputs', 'results_page', 'site_sources', 'jupyter_book', 'build_site',
-           'note_verdict', 'verdict_table', 'verdict_markdown', 'readme_with_verdicts', 'update_readme_verdicts']
+           'FINDINGS_TAG', 'run_banner', 'figure_captions', 'write_index', 'local_mathjax', 'anchor', 'item_texts',
+           'item_browser', 'call_page', 'readable_outputs', 'results_page', 'site_sources', 'jupyter_book',
+           'build_site', 'note_verdict', 'verdict_table', 'verdict_markdown', 'readme_with_verdicts',
+           'update_readme_verdicts', 'is_plumbing', 'findings_markdown', 'reader_notebook', 'write_reader_notebook']
 
 # %% ../nbs/07b_pages.ipynb #237c5347
 INDEX_MAX_ROWS = 60  # tables longer than this are linked from the index, not inlined
@@ -509,3 +510,93 @@ def update_readme_verdicts(readme: Path | str, # the README.md holding the verdi
     if new == text: return False   # unchanged: not rewritten
     atomic_write_text(readme, new)
     return True
+
+# %% ../nbs/07b_pages.ipynb #b2e4f6a8
+_SETTINGS = {'os', 'warnings', 'matplotlib', 'pd', 'np', 'plt', 'sns'}   # modules whose calls in a cell only configure the run
+
+def _is_plumbing_statement(s: ast.stmt) -> bool:
+    "An import, an assert, a `test_*` lesson check, `set_style()`, or a settings call such as `warnings.filterwarnings(...)`."
+    if isinstance(s, (ast.Import, ast.ImportFrom, ast.Assert)): return True
+    if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)): return False
+    f = s.value.func
+    if isinstance(f, ast.Name): return f.id.startswith('test_') or f.id == 'set_style'
+    while isinstance(f, ast.Attribute): f = f.value
+    return isinstance(f, ast.Name) and f.id in _SETTINGS
+
+def is_plumbing(cell: dict, # a notebook cell (nbformat JSON)
+               ) -> bool:
+    "A code cell a reader can skip: the parameter cells, or one that prints nothing and only imports, configures or asserts."
+    if cell.get('cell_type') != 'code': return False
+    if {'parameters', 'injected-parameters'} & set(cell.get('metadata', {}).get('tags', [])): return True
+    try: body = ast.parse(''.join(cell.get('source', ''))).body
+    except SyntaxError: return False   # a magic or shell line: not ours to judge
+    return bool(body) and not cell.get('outputs') and all(_is_plumbing_statement(s) for s in body)
+
+# %% ../nbs/07b_pages.ipynb #d4e6f8a0
+FINDINGS_TAG = 'findings'   # the generated cell under a chapter's title: replaced, never duplicated, when it is republished
+
+def _prose(v) -> str:
+    "A value inside a markdown sentence: only the characters markdown would act on escaped (the raw text stays readable)."
+    return re.sub(r'([\\`*\[\]<>|])', r'\\\1', _LINE_BREAKING.sub(' ', str(v)))
+
+def findings_markdown(root: Path | str, # output root holding reports/
+                      slug: str, # the chapter
+                     ) -> str: # markdown: the main metric per system and subset, then the headline comparisons
+    "A chapter's findings, read from its published CSVs: the registry's findings metric per system (rows) and subset (columns), "
+    "each `value [95% CI]` (points and % at 1 decimal, scores at 3), then every headline comparison the README quotes with its verdict."
+    root = Path(root)
+    stem, metric = CHAPTERS[slug].findings
+    rdir = root / 'reports' / slug
+    out = ['## Findings of this run\n']
+    meta = json.loads((rdir / 'run_meta.json').read_text()) if (rdir / 'run_meta.json').exists() else {}
+    if meta.get('banner'): out.append(f"**{_prose(meta['banner'])}**\n")
+    if not (rdir / f'{stem}.csv').exists(): return '\n'.join(out + [f'This run published no `{stem}.csv`.\n'])
+    df = pd.read_csv(rdir / f'{stem}.csv', dtype={'row': str, 'metric': str, 'note': str})
+    df = df[(df.metric == metric) & df.ours.notna()].drop_duplicates(['row', 'metric'])
+    _, shared = reader_table(df, slug, stem)
+    digits = 1 if re.search(r'%|points', metric) else 3
+    has_ci = lambda r: 'ci_low' in df and pd.notna(r.ci_low) and pd.notna(r.ci_high)
+    wide = pd.DataFrame([dict(system=a, subset=s or metric, value=ci_text(r.ours, r.ci_low, r.ci_high, digits) if has_ci(r) else f'{r.ours:.{digits}f}')
+                         for r in df.itertuples() for a, s in [row_parts(r.row)]], columns=['system', 'subset', 'value'])
+    table = (wide.pivot(index='system', columns='subset', values='value')
+             .reindex(index=list(dict.fromkeys(wide.system)), columns=list(dict.fromkeys(wide.subset)))
+             .fillna('').reset_index().rename_axis(columns=None))
+    out.append(f"Generated from this run's `reports/{slug}/` ({_prose(shared)}); every table, figure and the method follow below.\n")
+    out.append(f"**{_prose(metric)}**, 95% CI in brackets where the chapter computes one (`{stem}.csv` holds the other metrics):\n\n"
+               + markdown_table(table))
+    try: claims = verdict_table(root, {slug: CHAPTERS[slug].claims}) if CHAPTERS[slug].claims else pd.DataFrame()
+    except ValueError as e: claims, out = pd.DataFrame(), out + [f'No headline comparisons: {_prose(e)}\n']   # said, not raised: the run is kept
+    if len(claims):
+        out.append('**Headline comparisons** (the README quotes these):\n')
+        out += [f"- {_prose(r.claim)} ({_prose(r.metric)}): {r['ours [95% CI]']}" + (f", n = {r.n}" if r.n != '' else '')
+                + f" — **{_prose(r.verdict) or 'no verdict'}**" + (f": {_prose(r.why)}" if r.why else '')
+                + (f" (paper: {r.paper})" if r.paper else '') for _, r in claims.iterrows()]
+        out.append('')
+    return '\n'.join(out)
+
+# %% ../nbs/07b_pages.ipynb #e5f7a9b1
+def reader_notebook(nb: dict, # the executed chapter (nbformat JSON), as papermill wrote it
+                    slug: str, # its chapter
+                    root: Path | str, # the output root its tables were published under
+                   ) -> dict: # the notebook a reader opens
+    "A published chapter made readable: findings under the title, plumbing tagged `hide-cell` (kept), printed markdown "
+    "tables as tables, no per-cell execution times, and the digests of the run's tables in its metadata."
+    root = Path(root)
+    cells = [c for c in nb['cells'] if FINDINGS_TAG not in c.get('metadata', {}).get('tags', [])]
+    for c in cells:
+        md = c.setdefault('metadata', {})
+        md.pop('execution', None); md.pop('papermill', None)   # times and staging paths: in run_meta.json
+        if is_plumbing(c): md['tags'] = list(dict.fromkeys([*md.get('tags', []), 'hide-cell']))
+    title = next((i for i, c in enumerate(cells) if c['cell_type'] == 'markdown'), -1)
+    cells.insert(title + 1, dict(cell_type='markdown', id='findings', metadata={'tags': [FINDINGS_TAG]},
+                                 source=findings_markdown(root, slug).splitlines(keepends=True)))
+    meta = dict(nb.get('metadata', {}))
+    meta['papermill'] = {k: v for k, v in meta.get('papermill', {}).items() if k in ('parameters', 'version')}
+    meta['rag_lab'] = {'slug': slug, 'tables': table_digests(root / 'reports' / slug)}
+    return readable_outputs({**nb, 'cells': cells, 'metadata': meta})
+
+def write_reader_notebook(path: Path | str, # an executed chapter, rewritten in place
+                          slug: str, root: Path | str) -> None:
+    "`reader_notebook` on a file."
+    path = Path(path)
+    atomic_write_text(path, json.dumps(reader_notebook(json.loads(path.read_text()), slug, root), indent=1, ensure_ascii=False) + '\n')

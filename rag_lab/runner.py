@@ -15,7 +15,7 @@ from .config import SMOKE_LLM, PROFILES, REPLAYS, RunContext, parse_param, check
 from .papers import CHAPTERS, PAPERS
 from .calls import CacheError, RecordsError, clock
 from .report import scorecard_text, markdown_table
-from .pages import VERDICTS_BEGIN, VERDICTS_END, readme_with_verdicts, update_readme_verdicts, verdict_markdown, write_index
+from .pages import VERDICTS_BEGIN, VERDICTS_END, readme_with_verdicts, update_readme_verdicts, verdict_markdown, write_index, write_reader_notebook
 import numpy as np, pandas as pd
 
 # %% auto #0
@@ -271,6 +271,9 @@ def run_notebook(slug: str, # paper slug
         if status == 'ok':
             for kind in ('reports', 'figures'):
                 if (staging / kind / slug).exists(): _replace_dir(staging / kind / slug, out / kind / slug)
+        if status == 'ok' and executed.exists():
+            try: write_reader_notebook(executed, slug, out)   # findings first, plumbing folded, table digests (07b_pages)
+            except Exception as e: print(f"rag-lab: {slug}: executed chapter kept as papermill wrote it ({type(e).__name__}: {e})", file=sys.stderr)
         if executed.exists():
             dest = executed_copy(out, slug, status == 'ok')
             dest.parent.mkdir(parents=True, exist_ok=True); executed.replace(dest)

@@ -57,6 +57,16 @@ def test_a_scratch_site_opens_on_its_own_labelled_results(site):
     assert 'href="papers/20_claim_aware.html"' in card and 'within_5pct' not in card   # plain headers, chapters linked
 
 
+def test_a_chapter_page_opens_on_its_findings_and_prints_no_raw_pipe_tables(site):
+    "Findings (main metric per system, headline verdicts) right under the title, before any code; printed markdown rendered."
+    for page in ('papers/20_claim_aware.html', 'papers/40_verirag.html'):
+        text = (site / page).read_text()
+        assert 'Findings of this run' in text and text.index('Findings of this run') < text.index('cell_input'), page
+        assert '<table' in text[text.index('Findings of this run'):text.index('cell_input')], page   # the findings table rendered
+        outputs = [seg.split('<div class="cell ')[0] for seg in text.split('class="cell_output')[1:]]
+        assert outputs and not [o for o in outputs if re.search(r'\|\s*:?-{3,}:?\s*\|', o)], page   # no table left as pipes
+
+
 def test_a_number_leads_to_its_items_and_their_calls(site):
     "HELM-style trail: headline rows link to their items, each item has an anchor, its question and its calls' page."
     from rag_lab.pages import anchor
