@@ -334,7 +334,7 @@ def site_sources(root: Path | str | None = None, # output root of the run to pub
     (src / '_static' / 'items.css').write_text('table.items td{vertical-align:top;font-size:0.8em} table.items pre{white-space:pre-wrap;max-width:40em} '
                                                'table td code, table td code span.pre{white-space:normal;overflow-wrap:anywhere} '
                                                'table td:first-child code span.pre{white-space:nowrap} '
-                                               'main table{font-size:0.85em} main table td{overflow-wrap:break-word} main table th{overflow-wrap:anywhere}\n')   # long paths wrap, numbers break only at spaces: no sideways scroll
+                                               'main table{font-size:0.85em} main table td{overflow-wrap:break-word} main table th{overflow-wrap:break-word;hyphens:auto}\n')   # long paths wrap, numbers and headers break only at spaces (a header never letter by letter)
     local_mathjax(src / '_extra')
     import matplotlib.pyplot as plt
     fig = plt.figure(figsize=(0.32, 0.32)); fig.text(0.5, 0.5, 'R', ha='center', va='center', fontsize=14, weight='bold')
