@@ -129,10 +129,16 @@ def _smoke_sized(a, base_url: str) -> list[str]:
 @pytest.mark.parametrize('cmd', [c for c, a in _paper_commands() if _backend(a) in SERVER_BACKENDS])
 def test_every_server_command_in_the_readme_runs_against_the_local_server(cmd, served, fresh_env, tmp_path, capsys):
     "Its chapter, profile and protocol as written; the local server's address and model; the smoke profile's size."
+    from contextlib import ExitStack
+    from rag_lab.eutils import LocalEutilsServer
     a = _parser().parse_args(shlex.split(cmd)[1:])
     params = _smoke_sized(a, served.base_url)
-    plan_run(a.only, params, REPO / 'nbs', a.profile)
-    meta = _run(served, capsys, a.profile, a.only[0], params, tmp_path)
+    with ExitStack() as stack:
+        if resolve_params(a.only[0], 'paper').model_dump().get('eutils_url'):   # NCBI in the paper profile: no network here,
+            params = [p for p in params if not p.startswith('eutils_url=')] + [   # so the local E-utilities over HTTP
+                f'eutils_url={stack.enter_context(LocalEutilsServer()).base_url}']
+        plan_run(a.only, params, REPO / 'nbs', a.profile)
+        meta = _run(served, capsys, a.profile, a.only[0], params, tmp_path)
     assert meta['profile'] == 'paper'
     want = resolve_params(a.only[0], 'paper', **{k: v for k, v in (p.split('=', 1) for p in a.param) if k in PROTOCOL[3:]})
     assert meta['params']['answer_mode'] == want.answer_mode   # the command's protocol, not the smoke profile's
