@@ -22,14 +22,18 @@ import numpy as np
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['Messages', 'Source', 'PREFILL_CHUNK', 'BACKENDS', 'OPENAI_OPTIONS', 'LLMError', 'as_messages', 'GenConfig',
-           'CallResult', 'Generation', 'Score', 'Choice', 'LLM', 'default_threads', 'GreedyGrammarSampler',
+__all__ = ['Messages', 'Source', 'PREFILL_CHUNK', 'BACKENDS', 'OPENAI_OPTIONS', 'LLMError', 'FreshBudgetError', 'as_messages',
+           'GenConfig', 'CallResult', 'Generation', 'Score', 'Choice', 'LLM', 'default_threads', 'GreedyGrammarSampler',
            'use_greedy_grammar_sampler', 'LlamaCppLLM', 'verify_records', 'TransformersLLM', 'retry_call', 'OpenAILLM',
            'LlamaServerLLM', 'get_llm', 'StructuredResult', 'chat_structured']
 
 # %% ../nbs/04c_llm.ipynb #d27ae200
 class LLMError(RuntimeError):
     "A generation or scoring call failed (after its retries)."
+
+# %% ../nbs/04c_llm.ipynb #343cd9d9
+class FreshBudgetError(RuntimeError):
+    "A call would be computed afresh in a run that may not (or no longer) compute calls: `RAG_LAB_FRESH_BUDGET` is spent."
 
 # %% ../nbs/04c_llm.ipynb #751e2490
 Messages = list[dict[str, str]]
@@ -168,10 +172,17 @@ class LLM:
 # %% ../nbs/04c_llm.ipynb #9ceafabb
 @patch
 def _lookup(self: LLM, key: str, cache: CacheMode | None) -> tuple[dict | None, str]:
-    "A stored result: from the committed records (mode replay), else the local cache."
+    "A stored result: from the committed records (mode replay), else the local cache; a `FreshBudgetError` when neither "
+    "has it and the run has spent its fresh-compute budget (`RAG_LAB_FRESH_BUDGET`)."
     recs = self.records if self.records is not None else call_records()
     if records_mode() == 'replay' and (v := recs.get(key)) is not None: return v, 'record'
     if (v := self.cache.get(key, cache)) is not None: return v, 'cache'
+    if (budget := run_context().fresh_budget) is not None:
+        spent = sum(r.seconds for r in self.ledger.records if r.source == 'computed')
+        if spent >= budget: raise FreshBudgetError(
+            f"call {key[:16]} has no record and is not in the cache: computing it would exceed this run's fresh-compute budget "
+            f"({budget:g} s, {spent:.0f} s spent). A replay of the committed records cannot serve these parameters; run "
+            f"`rag-lab reproduce` with --allow-fresh to compute the missing calls (it prints an estimate first)")
     return None, 'computed'
 
 @patch

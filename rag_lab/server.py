@@ -4,7 +4,7 @@
 
 # %% ../nbs/04b1_server.ipynb #963a5e5b
 from __future__ import annotations
-import json, os, random, socket, subprocess, time
+import json, os, queue, random, socket, subprocess, threading, time
 from pathlib import Path
 from typing import Literal, Sequence
 import httpx
@@ -14,7 +14,7 @@ from .config import repo_root
 
 # %% auto #0
 __all__ = ['ServerKind', 'SERVER_KINDS', 'ServerError', 'server_root', 'ServerInfo', 'probe_server', 'llama_server_binary',
-           'LlamaServerProcess', 'LlamaServer']
+           'LlamaServerProcess', 'LlamaServer', 'CacheMiss', 'score_plan', 'SlotWatch']
 
 # %% ../nbs/04b1_server.ipynb #e4b4ffec
 class ServerError(RuntimeError):
@@ -159,6 +159,9 @@ class LlamaServer:
                               f"rag_lab.server.LlamaServerProcess), use backend='llamacpp' locally, or answer_mode='free_text'.")
         self.retries, self.backoff, self.top = retries, backoff, top
         self.http = httpx.Client(base_url=self.info.root, timeout=timeout)
+        self.slots: queue.Queue[int] = queue.Queue()   # slot ids free for a scoring call of this client (see `logprobs`)
+        for i in range(self.info.slots or 1): self.slots.put(i)
+        self.fallbacks, self._count = 0, threading.Lock()   # positions scored with a whole-prompt request: the cache did not hold
 
     def post(self, path: str, # e.g. '/tokenize'
              body: dict, # the JSON request
@@ -189,42 +192,99 @@ class LlamaServer:
 # %% ../nbs/04b1_server.ipynb #697f25a4
 _FORCE = 1e4   # a logit bias no other token can overcome: greedy decoding then picks the forced token
 
+class CacheMiss(ServerError):
+    "The server evaluated another number of prompt tokens than the slot's cache should have left it (so its numbers may differ)."
+
 @patch
 def next_logprob(self: LlamaServer, prompt: list[int], # the prompt's token ids
                   token: int, # the token whose log-probability is wanted
+                  slot: int | None = None, # the server slot to compute in (default: the server picks one)
+                  reuse: int = 0, # leading prompt tokens the slot's cache holds from this client's previous request (0: prompt caching off)
                 ) -> tuple[float, dict[int, float]]: # its log-probability, and the top alternatives' (token id -> log-probability)
     "The log-probability of `token` right after `prompt` (forced as the one generated token), and the most likely tokens there."
     if self.info.n_ctx and len(prompt) + 1 > self.info.n_ctx:
         raise ServerError(f"prompt of {len(prompt)} tokens + 1 does not fit the server's context of {self.info.n_ctx} per slot")
     r = self.post('/completion', dict(prompt=prompt, n_predict=1, n_probs=self.top, post_sampling_probs=False,
-                                      cache_prompt=False, temperature=0, logit_bias=[[token, _FORCE]]))
+                                      cache_prompt=reuse > 0, temperature=0, logit_bias=[[token, _FORCE]],
+                                      **({} if slot is None else {'id_slot': slot})))
     probs = r.get('completion_probabilities') or []
     if not probs or probs[0].get('id') != token:
         raise ServerError(f"the server did not return the forced token {token} with its log-probability: {str(r)[:300]}")
     n_eval = (r.get('timings') or {}).get('prompt_n', r.get('tokens_evaluated'))
-    if n_eval is not None and n_eval != len(prompt):
-        raise ServerError(f"the server evaluated {n_eval} prompt tokens, not the {len(prompt)} sent (prompt cache or BOS added?)")
+    if n_eval is None and reuse: raise CacheMiss("the server did not say how many prompt tokens it evaluated")
+    if n_eval is not None and n_eval != len(prompt) - reuse:
+        raise (CacheMiss if reuse else ServerError)(
+            f"the server evaluated {n_eval} prompt tokens, not the {len(prompt) - reuse} expected (prompt cache or BOS added?)")
     lp = float(probs[0]['logprob'])
     if lp < -1e30: raise ServerError(f"token {token}'s probability underflows the server's float32 (log-probability below -87)")
     return lp, {int(t['id']): float(t['logprob']) for t in probs[0].get('top_logprobs', [])}
+
+# %% ../nbs/04b1_server.ipynb #a1b2c3d5
+def score_plan(n_context: int, # tokens in the shared prompt
+               n_cont: int, # tokens in the continuation
+              ) -> list[list[tuple[int, int]]]: # chains of (prompt length, tokens the slot's cache holds before it)
+    "The requests that score every position of a continuation like the local backend: chains of cached requests on one slot."
+    if n_context < 1 or n_cont < 1: raise ValueError(f"a context and a continuation of at least one token each, got {n_context} and {n_cont}")
+    L = n_context
+    if n_cont <= 2: return [[(L, 0)] + [(L + 1, L)] * (n_cont == 2)]   # local evaluates a lone first token by itself
+    even = [(L, 0)] + [(L + i, L + i - 2) for i in range(2, n_cont, 2)]
+    odd = ([(L - 1, 0)] if L > 1 else []) + [(L + 1, max(L - 1, 0))] + [(L + i, L + i - 2) for i in range(3, n_cont, 2)]
+    return [even, odd]
 
 # %% ../nbs/04b1_server.ipynb #bd7dbb77
 @patch
 def logprobs(self: LlamaServer, context: list[int], # the shared prompt's token ids
               continuations: Sequence[list[int]], # each continuation's token ids (tokenized on its own)
              ) -> list[list[float]]: # each continuation's per-token log-probabilities
-    "Per-token log-probabilities of every continuation after `context`: one forced request per token an earlier request's top list lacks."
+    "Per-token log-probabilities of every continuation after `context`, on one slot with its prompt cache (`score_plan`)."
     if not context: raise ValueError("scoring needs a non-empty context")
     if any(not c for c in continuations): raise ValueError("a continuation to score has no tokens")
-    seen: dict[tuple[int, ...], dict[int, float]] = {}   # prefix after the context -> log-probabilities known there
-    out = []
-    for cont in continuations:
-        lps = []
-        for i, tok in enumerate(cont):
-            known = seen.setdefault(tuple(cont[:i]), {})
-            if tok not in known:
-                lp, top = self.next_logprob(list(context) + list(cont[:i]), tok)
-                known.update(top); known[tok] = lp
-            lps.append(known[tok])
-        out.append(lps)
-    return out
+    seen: dict[tuple, dict[int, float]] = {}   # (prefix after the context, evaluated alone?) -> log-probabilities known there
+    at = lambda c, i: (tuple(c[:i]), len(c) == 2 and i > 0)   # local evaluates a two-token continuation's first token alone: other numbers
+    L, slot = len(context), self.slots.get()
+    try:
+        for cont in continuations:
+            seq = list(context) + list(cont)
+            known = lambda i: cont[i] in seen.get(at(cont, i), {})
+            for chain in score_plan(L, len(cont)):
+                wanted = [p - L for p, _ in chain if p >= L and not known(p - L)]
+                for k, (p, reuse) in enumerate(chain):
+                    if not wanted or p - L > max(wanted): break   # the rest of the chain would tell nothing new
+                    try: lp, top = self.next_logprob(seq[:p], seq[p], slot, reuse)
+                    except CacheMiss:
+                        rest = [q - L for q, _ in chain[k:] if q >= L and not known(q - L)]
+                        with self._count: self.fallbacks += len(rest)
+                        for i in rest:   # the old way: the whole prompt evaluated, in a slot the server picks
+                            lp, top = self.next_logprob(seq[:L + i], cont[i])
+                            seen.setdefault(at(cont, i), {}).update(top | {cont[i]: lp})
+                        break
+                    if p >= L: seen.setdefault(at(cont, p - L), {}).update(top | {cont[p - L]: lp})
+        return [[seen[at(c, i)][c[i]] for i in range(len(c))] for c in continuations]
+    finally: self.slots.put(slot)
+
+# %% ../nbs/04b1_server.ipynb #b5098eb9
+class SlotWatch:
+    "How many of llama-server's slots compute at once while the `with` block runs: its `/slots`, polled from a thread."
+    def __init__(self, base_url: str, # the server's OpenAI base URL or root
+                 every: float = 0.05, # seconds between polls
+                ):
+        self.url, self.every, self.busy = server_root(base_url) + '/slots', every, []   # busy: slots computing, per poll
+
+    def _poll(self) -> None:
+        with httpx.Client(timeout=5) as http:
+            while not self._stop.is_set():
+                try: self.busy.append(sum(bool(s.get('is_processing')) for s in http.get(self.url).json()))
+                except (httpx.HTTPError, ValueError, TypeError, AttributeError): pass   # a poll that fails is not a count
+                self._stop.wait(self.every)
+
+    def __enter__(self) -> 'SlotWatch':
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True); self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None: self._stop.set(); self._thread.join()
+
+    @property
+    def peak(self) -> int:
+        "The most slots seen computing at once (0 when no poll answered)."
+        return max(self.busy, default=0)

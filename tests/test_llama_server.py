@@ -2,9 +2,8 @@
 the pinned llama-cpp-python sdist vendors (tools/build_llama_server.sh, cached under .cache/llama-server; `make
 llama-server` builds it before the suite), serving the smoke GGUF. Parity with the local llamacpp backend on 24 scored
 calls, structured output, requests in flight through `map_calls`, and `rag-lab check-server`."""
-import json, os, shutil, threading, time
+import json, os, time
 from pathlib import Path
-import httpx
 import pytest
 from pydantic import BaseModel
 from typing import Literal
@@ -13,22 +12,14 @@ from rag_lab.calls import CallRecords, LLMCache, Ledger, map_calls
 from rag_lab.config import LLMParams, SMOKE_LLM
 from rag_lab.llm import LLMError, LlamaCppLLM, LlamaServerLLM, chat_structured, get_llm
 from rag_lab.models import EMBEDDED_MODELS, embedded_model_path
-from rag_lab.server import LlamaServer, LlamaServerProcess, ServerError, llama_server_binary, probe_server
+from rag_lab.server import LlamaServer, LlamaServerProcess, ServerError, SlotWatch, probe_server
 
 SMOL = SMOKE_LLM['model']
 TOL = 1e-3   # nats: the parity the issue asks for (llama.cpp's logits change slightly with how tokens are batched)
 
 
 @pytest.fixture(scope='module')
-def binary():
-    missing = [t for t in ('cmake', 'c++') if shutil.which(t) is None]
-    if missing and not sorted(Path(__file__).parents[1].glob('.cache/llama-server/*/llama-server')):
-        pytest.skip(f"llama-server cannot be built here: {', '.join(missing)} not installed (and no cached build)")
-    return llama_server_binary(build=True, jobs=2)   # cached: instant after the first build
-
-
-@pytest.fixture(scope='module')
-def served(binary, tmp_path_factory):
+def served(llama_server_bin, tmp_path_factory):   # llama_server_bin (conftest): built once, or the module skipped
     log = tmp_path_factory.mktemp('srv') / 'llama-server.log'
     with LlamaServerProcess(embedded_model_path(SMOL), parallel=4, n_ctx=2048, alias='smollm2', log=log) as p:
         yield p
@@ -97,6 +88,23 @@ def test_scored_calls_agree_with_the_local_backend_within_1e_3_nats(remote, loca
         worst = max(worst, *diffs)
     print(f"\nparity over {len(far)} calls ({answers} answers): largest |Δ log-prob| = {worst:.2e} nats; {secs:.1f} s over the server")
     assert worst <= TOL, f"largest log-probability difference {worst:.2e} > {TOL}"
+    assert remote.server.fallbacks == 0   # every continuation scored on its slot's prompt cache, none the slow way
+
+
+def test_a_long_rationale_after_a_long_prompt_agrees_and_costs_about_two_prefills(remote, local):
+    "RAG²'s ΔPPL label: ~100 tokens scored after a ~600-token prompt, per token as the local backend, two prefills not 100."
+    from rag_lab.server import score_plan
+    msgs = [{'role': 'user', 'content': EVIDENCE * 7 + '\nWhat does aspirin inhibit?'}]
+    rationale = ' Aspirin inhibits cyclooxygenase-1 and -2, so prostaglandin synthesis falls; the evidence above says so.' * 4
+    t0 = time.perf_counter(); a = remote.score(msgs, rationale, cache='off'); secs = time.perf_counter() - t0
+    b = local.score(msgs, rationale, cache='off')
+    assert (a.tokens, a.context_tokens) == (b.tokens, b.context_tokens) and a.context_tokens > 500 and len(a.tokens) > 90
+    worst = max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs))
+    n_eval = sum(p - r for chain in score_plan(a.context_tokens, len(a.tokens)) for p, r in chain)
+    print(f"\n{len(a.tokens)} tokens after {a.context_tokens}: largest |Δ log-prob| = {worst:.2e} nats; {secs:.1f} s, "
+          f"{n_eval} tokens evaluated (a whole prompt per token: {sum(a.context_tokens + i for i in range(len(a.tokens)))})")
+    assert worst <= TOL and remote.server.fallbacks == 0
+    assert n_eval <= 2 * (a.context_tokens + len(a.tokens))
 
 
 def test_structured_output_over_the_server(remote):
@@ -119,20 +127,13 @@ EVIDENCE = "Aspirin irreversibly inhibits cyclooxygenase-1 and -2, lowering pros
 def test_four_requests_in_flight_with_results_and_ledger_as_sequential(served, remote, tmp_path):
     "map_calls keeps 4 items in flight (the server's 4 slots all computing at once); answers, keys and ledger rows as sequential."
     prompts = [f"{EVIDENCE}\n{q}\nA. yes\nB. no\nC. maybe" for q in QUESTIONS]
-    busy, stop = [], threading.Event()
-    def watch():   # the server's own view: how many of its slots are computing a request
-        while not stop.is_set():
-            try: busy.append(sum(s.get('is_processing', False) for s in httpx.get(served.base_url[:-3] + '/slots', timeout=5).json()))
-            except (httpx.HTTPError, ValueError): pass
-            time.sleep(0.05)
-    w = threading.Thread(target=watch); w.start()
-    try:
-        t0 = time.perf_counter()
+    t0 = time.perf_counter()
+    with SlotWatch(served.base_url) as watch:   # the server's own view: how many of its slots are computing a request
         with remote.ledger.experiment('stage'), remote.ledger.trace() as keys:
             together = map_calls(lambda p: remote.choose_option(p, OPTIONS, prefix='Answer:'), prompts, workers=4,
                                  timeout=600, ledger=remote.ledger)
-        wall4 = time.perf_counter() - t0
-    finally: stop.set(); w.join()
+    wall4 = time.perf_counter() - t0
+    busy = watch.busy
     seq = LlamaServerLLM('smollm2', base_url=served.base_url, cache=LLMCache(tmp_path / 'seq.sqlite'), ledger=Ledger())
     t0 = time.perf_counter()
     with seq.ledger.experiment('stage'), seq.ledger.trace() as seq_keys:
@@ -181,4 +182,12 @@ def test_check_server_recomputes_records_and_reports_the_largest_difference(serv
     recs2 = CallRecords(tmp_path / 'records2'); recs2.write('demo', 'smoke', {key: dict(request=data[key]['request'], value=bad)})
     assert check_server_command(SMOL, served.base_url, 'smollm2', sample=5, records=CallRecords(tmp_path / 'records2')) == 1
     assert '1 changed answer(s)' in capsys.readouterr().out
+    # a score whose record holds another number of log-probabilities (a continuation tokenized otherwise) has no
+    # difference to compare: it fails the check too (it passed with exit code 0 while only `max_abs_diff > tol` counted)
+    key = next(k for k, r in data.items() if r['request']['kind'] == 'score')
+    odd = dict(data[key]['value']); odd['logprobs'] = odd['logprobs'] + [-1.0]; odd['tokens'] = odd['tokens'] + ['!']
+    recs3 = CallRecords(tmp_path / 'records3'); recs3.write('demo', 'smoke', {key: dict(request=data[key]['request'], value=odd)})
+    assert check_server_command(SMOL, served.base_url, 'smollm2', sample=5, records=CallRecords(tmp_path / 'records3')) == 1
+    out = capsys.readouterr().out
+    assert '0 changed answer(s), 1 other call(s) beyond the tolerance' in out and 'another number of log-probabilities' in out, out
 
