@@ -18,7 +18,7 @@ from .report import (ITEM_COLUMNS, _fmt, _result_csvs, ci_text, markdown_table, 
 __all__ = ['INDEX_MAX_ROWS', 'MATHJAX_PACKAGE', 'WHY_MAX_CHARS', 'VERDICT_COLUMNS', 'VERDICTS_BEGIN', 'VERDICTS_END',
            'FINDINGS_TAG', 'run_banner', 'figure_captions', 'write_index', 'local_mathjax', 'anchor', 'item_texts',
            'item_browser', 'call_page', 'readable_outputs', 'results_page', 'site_sources', 'jupyter_book',
-           'build_site', 'note_verdict', 'verdict_table', 'verdict_markdown', 'readme_with_verdicts',
+           'build_site', 'note_verdict', 'metric_digits', 'verdict_table', 'verdict_markdown', 'readme_with_verdicts',
            'update_readme_verdicts', 'is_plumbing', 'findings_markdown', 'reader_notebook', 'write_reader_notebook']
 
 # %% ../nbs/07b_pages.ipynb #237c5347
@@ -433,6 +433,10 @@ def note_verdict(note: str | None, # a comparison row's note: '<verdict>: <value
 # %% ../nbs/07b_pages.ipynb #7a4c6e95
 VERDICT_COLUMNS = ['chapter', 'claim', 'metric', 'ours [95% CI]', 'n', 'verdict', 'why', 'paper']
 
+def metric_digits(metric: str) -> int:
+    "Decimals a summary shows for a metric: scores (F1, MCC, nDCG, log-probabilities) 3, AUROC 2, points and % 1."
+    return 3 if re.search(r'F1|MCC|nDCG|log', metric) else 2 if 'AUROC' in metric else 1
+
 def _claim_line(t: pd.DataFrame, # the claim's table, as read from its CSV
                 slug: str, table: str, row: str, metric: str, # the claim
                ) -> dict: # one line of `verdict_table`
@@ -442,7 +446,7 @@ def _claim_line(t: pd.DataFrame, # the claim's table, as read from its CSV
                                     f"the README quotes (`claims` in rag_lab.papers): restore the row or update the claim")
     cell = lambda col: table_value(t, row, metric, col) if col in t else float('nan')   # a column the table lacks: empty
     value, lo, hi, n, paper = (cell(c) for c in ('ours', 'ci_low', 'ci_high', 'n', 'paper'))
-    digits = 3 if re.search(r'F1|MCC|log', metric) else 2 if 'AUROC' in metric else 1   # points and % at 1 decimal
+    digits = metric_digits(metric)
     signed = metric.startswith('Δ')
     num = lambda x: f"{x:{'+' if signed else ''}.{digits}f}".replace('-', '−')   # as `ci_text` writes it
     ours = ci_text(value, lo, hi, digits, signed) if pd.notna(lo) and pd.notna(hi) else '—' if pd.isna(value) else num(value)
@@ -554,7 +558,7 @@ def findings_markdown(root: Path | str, # output root holding reports/
     df = pd.read_csv(rdir / f'{stem}.csv', dtype={'row': str, 'metric': str, 'note': str})
     df = df[(df.metric == metric) & df.ours.notna()].drop_duplicates(['row', 'metric'])
     _, shared = reader_table(df, slug, stem)
-    digits = 1 if re.search(r'%|points', metric) else 3
+    digits = metric_digits(metric)
     has_ci = lambda r: 'ci_low' in df and pd.notna(r.ci_low) and pd.notna(r.ci_high)
     wide = pd.DataFrame([dict(system=a, subset=s or metric, value=ci_text(r.ours, r.ci_low, r.ci_high, digits) if has_ci(r) else f'{r.ours:.{digits}f}')
                          for r in df.itertuples() for a, s in [row_parts(r.row)]], columns=['system', 'subset', 'value'])
