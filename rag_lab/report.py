@@ -697,7 +697,7 @@ def scorecard(root: Path | str | None = None, # output root holding reports/
     return pd.DataFrame(rows)
 
 # %% ../nbs/07_report.ipynb #c0baa395
-SCORECARD_HEADERS = {'paper': 'chapter', 'compared': 'cells compared', 'within_5pct': 'within 5%', 'within_10pct': 'within 10%',
+SCORECARD_HEADERS = {'paper': 'chapter', 'compared': 'cells compared', 'within': 'within 5% / 10%',
                      'ok_close_off': 'OK / close / off', 'median_rel_error': 'median rel. error', 'median_n': 'median n',
                      'headline': 'headline verdicts', 'run': 'LLM calls'}   # plain words, in reading order; times stay in run_meta.json
 
@@ -707,7 +707,9 @@ def scorecard_text(root: Path | str | None = None, # output root holding reports
     "The scorecard as a markdown table with plain headers (what every row shares said once above it), chapters linked."
     sc = scorecard(root)
     if not len(sc): return 'Scorecard: no published outputs yet.\n'
-    show = sc.assign(median_rel_error=[f'{x:.1%}' if x == x else '' for x in sc.median_rel_error],
+    show = sc.assign(within=[f'{a} / {b}' for a, b in zip(sc.within_5pct, sc.within_10pct)],   # one column: the table fits a page
+                     ok_close_off=sc.ok_close_off.str.replace('/', ' / '),
+                     median_rel_error=[f'{x:.1%}' if x == x else '' for x in sc.median_rel_error],
                      median_n=[f'{x:.0f}' if x == x else '' for x in sc.median_n],
                      paper=[f'[{s}]({links[s]})' if links and s in links else s for s in sc.paper])
     shared = [f'profile {show.profile.iloc[0]}' if show.profile.nunique() == 1 else '',   # said once: the table stays narrow

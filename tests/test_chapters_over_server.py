@@ -36,9 +36,10 @@ def served(llama_server_bin, tmp_path_factory):
         yield p
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture
 def fresh_env(tmp_path_factory):
-    "Runs that compute every LLM call: an empty LLM cache beside the shared model and embedding caches, records off."
+    """Runs that compute every LLM call: an empty LLM cache beside the shared model and embedding caches, records off.
+    One cache per test: a run at the same size as an earlier test's (a paper command at smoke size) would replay it."""
     shared, root = cache_root(), tmp_path_factory.mktemp('cache')
     for kind in ('models', 'embeddings'):
         (shared / kind).mkdir(parents=True, exist_ok=True)
