@@ -4,19 +4,24 @@
 
 # %% ../nbs/09_bench.ipynb #4a8a3b1d
 from __future__ import annotations
-import json, os, platform, tempfile, time
+import json, math, os, platform, tempfile, time
 from pathlib import Path
 from .config import atomic_write_text, out_root
 from .report import markdown_table
 from .data import load_scifact_beir, scifact_corpus
 from .retrieval import BM25Index, RankBM25Index, same_rankings
-from .calls import CallRecords, LLMCache, Ledger
-from .llm import LlamaCppLLM
+from .calls import CallRecords, LLMCache, Ledger, map_calls
+from .config import SMOKE_LLM
+from .llm import LLM, LlamaCppLLM, LlamaServerLLM
+from .models import embedded_model_path
+from .server import LlamaServerProcess, SlotWatch
 from typing import Sequence
 import pandas as pd
 
 # %% auto #0
-__all__ = ['LLM_BENCH_MODELS', 'bench_bm25', 'bm25_markdown', 'benchmark', 'bench_llm', 'main']
+__all__ = ['LLM_BENCH_MODELS', 'SERVER_QUESTIONS', 'FRESH_STAGES', 'LOGGED_STAGES', 'bench_bm25', 'bm25_markdown', 'benchmark',
+           'bench_llm', 'bench_server', 'server_markdown', 'main', 'stage_seconds', 'cpu_model', 'fresh_result',
+           'check_fresh', 'fresh_cache', 'bench_fresh', 'cli']
 
 # %% ../nbs/09_bench.ipynb #3b3cd0cb
 def bench_bm25(n: int | None = None, # test claims to retrieve (None: all 300)
@@ -107,11 +112,69 @@ def bench_llm(models: Sequence[str] = LLM_BENCH_MODELS, # embedded model names
     "`benchmark` for every model and thread count, in one table."
     return pd.concat([benchmark(m, prompt_tokens, gen_tokens, n_threads=t) for m in models for t in threads], ignore_index=True)
 
+# %% ../nbs/09_bench.ipynb #c3733bc1
+SERVER_QUESTIONS = ('Is aspirin an anti-inflammatory drug?', 'Does smoking cause lung cancer?', 'Is the Earth flat?',
+                    'Can vitamin C cure the common cold?', 'Is water made of hydrogen and oxygen?',
+                    'Does regular exercise lower blood pressure?', 'Is Paris the capital of Germany?', 'Do antibiotics kill viruses?')
+_LETTERS = {'A': 'yes', 'B': 'no', 'C': 'maybe'}
+
+def _scored_calls(llm: LLM, questions: Sequence[str]) -> list[tuple[list[float], str | None]]:
+    "Three scored calls per question, of the kinds the chapters make: (log-probabilities, the answer chosen or None)."
+    out = []
+    for q in questions:
+        c = llm.choose_option(f"{_BENCH_TEXT}\n{q}\nA. yes\nB. no\nC. maybe", _LETTERS, prefix='Answer:')
+        out.append((list(c.logprobs.values()), c.answer))
+        w = llm.choose([{'role': 'system', 'content': 'You are a careful biomedical assistant.'}, {'role': 'user', 'content': q}],
+                       [' yes', ' no', ' it depends on the evidence'], prefix='FINAL ANSWER:')
+        out.append((w.logprobs, w.best))
+        out.append((llm.score([{'role': 'user', 'content': q}], ' The evidence says yes, with some caveats.').logprobs, None))
+    return out
+
+def bench_server(model: str = SMOKE_LLM['model'], # an embedded model name
+                 questions: Sequence[str] = SERVER_QUESTIONS, # three scored calls each
+                 workers: int = 4, # requests kept in flight, and the server's slots
+                ) -> dict:
+    "Scored calls over llama-server against the local llamacpp backend (largest difference, answers), and the slots computing at once under `map_calls`."
+    tmp = Path(tempfile.mkdtemp(prefix='rag_lab_bench_'))
+    fresh = lambda name: dict(cache=LLMCache(tmp / f'{name}.sqlite', mode='off'), ledger=Ledger(), records=CallRecords(tmp / name))
+    with LlamaServerProcess(embedded_model_path(model), parallel=workers, alias=model) as proc:
+        remote = LlamaServerLLM(model, base_url=proc.base_url, **fresh('server'))
+        t0 = time.perf_counter(); far = _scored_calls(remote, questions); far_s = time.perf_counter() - t0
+        prompts = [f"{_BENCH_TEXT}\n{q}\nA. yes\nB. no\nC. maybe" for q in questions]
+        t0 = time.perf_counter()
+        with SlotWatch(proc.base_url) as watch:
+            map_calls(lambda p: remote.choose_option(p, _LETTERS, prefix='Answer:'), prompts, workers=workers, ledger=remote.ledger)
+        flight_s = time.perf_counter() - t0
+    t0 = time.perf_counter(); near = _scored_calls(LlamaCppLLM(model, n_threads=1, **fresh('local')), questions)
+    near_s = time.perf_counter() - t0
+    comparable = [(a, b) for (a, _), (b, _) in zip(far, near) if len(a) == len(b)]
+    answers = [(x, y) for (_, x), (_, y) in zip(far, near) if x is not None]
+    return dict(model=model, calls=len(far), mismatched_lengths=len(far) - len(comparable),
+                max_abs_diff=max(abs(x - y) for a, b in comparable for x, y in zip(a, b)),
+                answers=len(answers), same_answers=sum(x == y for x, y in answers), server_seconds=round(far_s, 2),
+                local_seconds=round(near_s, 2), workers=workers, in_flight=watch.peak, polls=len(watch.busy),
+                in_flight_choices=len(prompts), in_flight_seconds=round(flight_s, 2),
+                load_average=round(os.getloadavg()[0], 2))
+
+# %% ../nbs/09_bench.ipynb #3ff87c84
+def server_markdown(r: dict, # a `bench_server` result
+                   ) -> str:
+    "The server benchmark as a markdown report."
+    return (f"# llama.cpp's server: parity with the local backend and requests in flight\n\nmodel `{r['model']}`, one thread each; "
+            f"load average {r['load_average']}.\n\n| measure | value |\n|---|---|\n"
+            f"| scored calls compared | {r['calls']} ({r['mismatched_lengths']} with another token count) |\n"
+            f"| largest log-probability difference | {r['max_abs_diff']:.2e} nats (bar: 1e-3) |\n"
+            f"| same answer | {r['same_answers']} of {r['answers']} |\n"
+            f"| seconds: server / local | {r['server_seconds']} / {r['local_seconds']} |\n"
+            f"| slots computing at once (`map_calls`, {r['workers']} workers) | {r['in_flight']} of {r['workers']} "
+            f"({r['polls']} polls; {r['in_flight_choices']} choices in {r['in_flight_seconds']} s) |\n")
+
 # %% ../nbs/09_bench.ipynb #67bc6e00
 def main(out_dir: str | None = None, # output root (default: the repository)
          llm: bool = True, # also benchmark the embedded LLMs (a few minutes)
+         server: bool = True, # also benchmark llama.cpp's server against the local backend (`make llama-server` builds it)
         ) -> Path:
-    "Run the benchmarks, write `reports/bench/bm25.*` (and `llm.*`), print them; returns the bench folder."
+    "Run the benchmarks, write `reports/bench/bm25.*` (and `llm.*`, `server.*`), print them; returns the bench folder."
     root = out_root(out_dir) / 'reports' / 'bench'
     r = bench_bm25()
     atomic_write_text(root / 'bm25.json', json.dumps(r, indent=1))
@@ -122,6 +185,123 @@ def main(out_dir: str | None = None, # output root (default: the repository)
         md = (f"# LLM benchmark: this package vs llama.cpp's own timers\n\nmachine: {r['machine']}; "
               f"load average at start {os.getloadavg()[0]:.2f}.\n\n" + markdown_table(t) + "\n")
         print(atomic_write_text(root / 'llm.md', md).read_text())
+    if server:
+        s = bench_server()
+        atomic_write_text(root / 'server.json', json.dumps(s, indent=1))
+        print(atomic_write_text(root / 'server.md', server_markdown(s)).read_text())
     return root
 
-if __name__ == '__main__' and '__file__' in globals(): main()  # not when the notebook runs
+# %% ../nbs/09_bench.ipynb #f7a1b2c1
+FRESH_STAGES = ('install', 'data', 'encoding', 'training', 'replay', 'report')
+LOGGED_STAGES = ('encoding', 'training', 'report')   # logged by the work itself (`timed_stage`); replay is the rest
+
+def stage_seconds(log: str | Path, # a `$RAG_LAB_STAGE_LOG` file written by `timed_stage`
+                 ) -> dict[str, float]: # seconds per logged stage (0 for a stage without a line)
+    "The seconds `timed_stage` logged, summed per stage; a line naming another stage is an error."
+    out = dict.fromkeys(LOGGED_STAGES, 0.0)
+    p = Path(log)
+    for i, line in enumerate(p.read_text().splitlines() if p.exists() else [], 1):
+        d = json.loads(line)
+        if d.get('stage') not in out: raise ValueError(f"{p}:{i}: unknown stage {d.get('stage')!r}; stages are {LOGGED_STAGES}")
+        out[d['stage']] += float(d['seconds'])
+    return out
+
+# %% ../nbs/09_bench.ipynb #f7a1b2c2
+def cpu_model() -> str:
+    "The CPU's model name (from /proc/cpuinfo on Linux, else what `platform` knows)."
+    try:
+        for line in Path('/proc/cpuinfo').read_text().splitlines():
+            if line.startswith('model name'): return line.split(':', 1)[1].strip()
+    except OSError: pass
+    return platform.processor() or platform.machine()
+
+# %% ../nbs/09_bench.ipynb #f7a1b2c3
+def fresh_result(install: float, # seconds of `make install` (0 when it had nothing to do)
+                 data: float, # seconds of the data checks
+                 run: float, # wall seconds of the chapters' run (`rag-lab reproduce`)
+                 logged: dict[str, float], # `stage_seconds` of that run's stage log
+                 **info, # what else to record: profile, chapters run, install note...
+                ) -> dict: # the benchmark record `check_fresh` accepts
+    "Per-stage seconds of a fresh run (replay = the chapters' wall time less what was logged inside it), machine and total."
+    inside = {k: round(logged.get(k, 0.0), 2) for k in LOGGED_STAGES}
+    stages = dict(install=round(install, 2), data=round(data, 2), **inside,
+                  replay=round(run - sum(inside.values()), 2))
+    stages = {k: stages[k] for k in FRESH_STAGES}
+    return dict(cpu=cpu_model(), cores=os.cpu_count(), load_average=[round(x, 2) for x in os.getloadavg()],
+                stages=stages, total_seconds=round(sum(stages.values()), 2), **info)
+
+# %% ../nbs/09_bench.ipynb #f7a1b2c4
+def check_fresh(r: dict, # a benchmark record (`fresh_result`, or `reports/bench/fresh.json` read back)
+               ) -> dict: # `r`, when it is valid
+    "Refuse a benchmark record without the six stages in order, with a negative or non-numeric time, or whose total is not their sum."
+    missing = [k for k in ('cpu', 'cores', 'stages', 'total_seconds') if k not in r]
+    if missing: raise ValueError(f"benchmark record lacks {missing}")
+    if not isinstance(r['cpu'], str) or not r['cpu']: raise ValueError(f"cpu must name the CPU model, got {r['cpu']!r}")
+    if not isinstance(r['cores'], int) or r['cores'] < 1: raise ValueError(f"cores must be a positive integer, got {r['cores']!r}")
+    st = r['stages']
+    if not isinstance(st, dict) or list(st) != list(FRESH_STAGES): raise ValueError(f"stages must be {FRESH_STAGES} in that order, got {list(st) if isinstance(st, dict) else st!r}")
+    bad = {k: v for k, v in st.items() if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0}
+    if bad: raise ValueError(f"stage seconds must be finite numbers >= 0: {bad}")
+    if not math.isclose(r['total_seconds'], sum(st.values()), abs_tol=0.011):
+        raise ValueError(f"total_seconds {r['total_seconds']} is not the sum of the stages ({sum(st.values()):.2f})")
+    return r
+
+# %% ../nbs/09_bench.ipynb #f7a1b2c7
+def fresh_cache(dest: str | Path, # an empty (or missing) folder for the new cache
+                src: str | Path | None = None, # the cache the install filled (default: this checkout's)
+               ) -> Path: # `dest`, holding links to the install's outputs only
+    "A cache as a fresh clone has it after `make install`: the joined models and the llama-server binary, nothing else."
+    from rag_lab.config import cache_root
+    src, dest = Path(src or cache_root()), Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    if any(dest.iterdir()): raise ValueError(f"{dest} is not empty: a fresh cache starts empty")
+    for part in ('models', 'llama-server'):   # what `make install` (and `make llama-server`) leave in the cache
+        if (src / part).exists(): (dest / part).symlink_to((src / part).resolve(), target_is_directory=True)
+    return dest
+
+# %% ../nbs/09_bench.ipynb #f7a1b2c8
+def bench_fresh(profile: str = 'default', # the profile `make reproduce` runs
+                only: Sequence[str] = (), # chapter slugs (empty: every chapter)
+                out: str | Path | None = None, # output root of reports/bench/ (default: the repository; the chapters' outputs are discarded)
+                install_seconds: float = 0.0, # the seconds `make install` took (the Makefile measures it)
+                install_note: str = 'not measured: the environment was installed already',
+               ) -> Path: # the written `reports/bench/fresh.json`
+    "Time a fresh `make reproduce` stage by stage on a fresh cache; write `fresh.json` and `fresh.md` under `reports/bench/`."
+    import subprocess, sys
+    from rag_lab.data import verify_all
+    t = time.perf_counter(); checked = verify_all(); data_s = time.perf_counter() - t
+    if not checked.ok.all(): raise RuntimeError(f"data files fail their checks:\n{checked[~checked.ok]}")
+    with tempfile.TemporaryDirectory() as d:
+        env = {k: v for k, v in os.environ.items() if k not in ('RAG_LAB_OUT', 'IN_TEST')} | dict(
+            RAG_LAB_CACHE=str(fresh_cache(Path(d) / 'cache')), RAG_LAB_LLM_CACHE='off', RAG_LAB_STAGE_LOG=f'{d}/stages.jsonl')
+        cmd = [str(Path(sys.executable).parent / 'rag-lab'), 'reproduce', '--profile', profile, '--out', f'{d}/run',
+               '--jobs', '1', '--no-progress', *(['--only', *only] if only else [])]
+        t = time.perf_counter(); p = subprocess.run(cmd, env=env); chapters_s = time.perf_counter() - t
+        if p.returncode: raise RuntimeError(f"`{' '.join(cmd)}` failed (exit {p.returncode})")
+        r = check_fresh(fresh_result(install_seconds, data_s, chapters_s, stage_seconds(f'{d}/stages.jsonl'), profile=profile,
+                                     chapters=list(only) or 'all', install_note=install_note, data_files=len(checked)))
+    bench = out_root(out) / 'reports' / 'bench'
+    md = (f"# A fresh `make reproduce`, stage by stage\n\nprofile `{profile}`, chapters: {r['chapters']}; {r['cpu']}, "
+          f"{r['cores']} cores, load average at the end {r['load_average'][0]}; install: {install_note}.\n\n"
+          "| stage | seconds |\n|---|---|\n" + ''.join(f"| {k} | {v:.1f} |\n" for k, v in r['stages'].items())
+          + f"| **total** | **{r['total_seconds']:.1f}** |\n")
+    atomic_write_text(bench / 'fresh.md', md)
+    return atomic_write_text(bench / 'fresh.json', json.dumps(r, indent=1))
+
+# %% ../nbs/09_bench.ipynb #f7a1b2cb
+def cli(argv: Sequence[str] | None = None, # the arguments (default: sys.argv[1:])
+       ) -> Path:
+    "`python -m rag_lab.bench` (the BM25 and LLM benchmarks) or `python -m rag_lab.bench fresh ...` (`bench_fresh`)."
+    import argparse, sys
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] != 'fresh': return main()
+    ap = argparse.ArgumentParser(prog='python -m rag_lab.bench fresh', description=bench_fresh.__doc__)
+    ap.add_argument('--profile', default='default'); ap.add_argument('--only', nargs='+', default=[])
+    ap.add_argument('--out'); ap.add_argument('--install-seconds', type=float, default=0.0)
+    ap.add_argument('--install-note', default='not measured: the environment was installed already')
+    a = ap.parse_args(argv[1:])
+    path = bench_fresh(a.profile, a.only, a.out, a.install_seconds, a.install_note)
+    print(path.with_suffix('.md').read_text()); print(f"written: {path}")
+    return path
+
+if __name__ == '__main__' and '__file__' in globals(): cli()  # not when the notebook runs

@@ -5,11 +5,12 @@
 # %% ../nbs/04b_calls.ipynb #821aa04f
 from __future__ import annotations
 import errno, gzip, hashlib, io, json, os, sqlite3, threading, time, warnings
+from concurrent.futures import ThreadPoolExecutor, wait, FIRST_EXCEPTION
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Literal, Sequence
+from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
 import pandas as pd
 from fastcore.basics import patch
 from .config import cache_root, atomic_write_bytes, atomic_write_text, cache_dir, repo_root, run_context
@@ -17,8 +18,8 @@ from .config import cache_root, atomic_write_bytes, atomic_write_text, cache_dir
 # %% auto #0
 __all__ = ['CacheMode', 'SHARD_LIMIT', 'RecordsMode', 'LOGPROB_TOL', 'API_PRICES_USD_PER_1M', 'LEDGER', 'CacheError', 'LLMCache',
            'RecordsError', 'CallRecords', 'records_mode', 'call_records', 'same_result', 'CallRecord', 'Ledger',
-           'clock', 'track', 'Recorder', 'start_recording', 'active_recorder', 'recording_folder', 'finish_recording',
-           'prune_records']
+           'map_calls', 'clock', 'track', 'Recorder', 'start_recording', 'active_recorder', 'recording_folder',
+           'finish_recording', 'prune_records']
 
 # %% ../nbs/04b_calls.ipynb #dd8b222a
 CacheMode = Literal['on', 'off', 'refresh']
@@ -367,9 +368,19 @@ class Ledger:
         self.records: list[CallRecord] = []
         self.calls: dict[str, dict] = {}     # key -> {'request', 'value'} of every distinct call made in this run
         self.differs: set[str] = set()       # keys whose recomputed result differs from its record (fresh mode)
-        self.current = 'default'
+        self._current = 'default'
         self._lock = threading.Lock()
         self._traces: list[list[str]] = []   # open `trace` blocks
+        self._local = threading.local()      # a `map_calls` worker's own experiment name, traces and held-back calls
+
+    @property
+    def current(self) -> str:
+        "The experiment the next call is attributed to (a `map_calls` worker's own)."
+        return getattr(self._local, 'current', self._current)
+    @current.setter
+    def current(self, name: str):
+        if hasattr(self._local, 'held'): self._local.current = name
+        else: self._current = name
 
     @contextmanager
     def experiment(self, name: str): # e.g. 'pubmedqa/rag'
@@ -382,12 +393,17 @@ class Ledger:
     def trace(self):
         "Collect the keys of the calls made inside the block, in call order: the calls behind one item's answer."
         keys: list[str] = []
-        self._traces.append(keys)
+        traces = self._local.traces if hasattr(self._local, 'held') else self._traces
+        traces.append(keys)
         try: yield keys
-        finally: self._traces.remove(keys)
+        finally: traces.remove(keys)
 
     def add(self, rec: CallRecord, request: dict | None = None, value: dict | None = None):
         "Account for one call (and remember its request and result, to record it)."
+        if hasattr(self._local, 'held'):   # in a `map_calls` worker: held back until the items before it are done
+            self._local.held.append((rec, request, value))
+            for keys in self._local.traces: keys.append(rec.key)
+            return
         with self._lock:
             self.records.append(rec)
             if rec.key:
@@ -429,6 +445,43 @@ class Ledger:
     def reset(self): self.records.clear(); self.calls.clear(); self.differs.clear()
 
 LEDGER = Ledger()
+
+# %% ../nbs/04b_calls.ipynb #b4d8f2a1
+def map_calls(fn: Callable[[Any], Any], # one item's work: its LLM calls and whatever it returns
+              items: Sequence, # a stage's independent items
+              workers: int = 1, # items in flight at once; 1: one after the other, in this thread
+              timeout: float | None = None, # seconds the whole stage may take; None: no limit
+              ledger: Ledger | None = None, # the ledger the calls are accounted in (default: LEDGER)
+             ) -> list: # fn(item) for each item, in item order
+    "`fn` over independent items through a bounded pool; results, ledger rows, traces and records as in a sequential run."
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 256:
+        raise ValueError(f"workers must be a whole number from 1 to 256, got {workers!r}")
+    if timeout is not None and not timeout > 0: raise ValueError(f"timeout must be more than 0 seconds or None, got {timeout!r}")
+    items, ledger = list(items), ledger if ledger is not None else LEDGER
+    if workers == 1 or len(items) <= 1: return [fn(x) for x in items]
+    current = ledger.current
+    def run(x):
+        loc = ledger._local
+        loc.held, loc.traces, loc.current = [], [], current
+        try: return fn(x), loc.held
+        finally: del loc.held, loc.traces, loc.current
+    ex = ThreadPoolExecutor(min(workers, len(items)), thread_name_prefix='map_calls')
+    try:
+        futs = [ex.submit(run, x) for x in items]
+        done, pending = wait(futs, timeout=timeout, return_when=FIRST_EXCEPTION)
+        failed = next((i for i, f in enumerate(futs) if f in done and f.exception() is not None), None)
+        if failed is None and pending:
+            raise TimeoutError(f"map_calls: {len(done)} of {len(items)} items done within the timeout of {timeout} s")
+        out = []
+        for i, f in enumerate(futs):
+            if i == failed: raise f.exception()
+            if f not in done: wait([f])   # an earlier item still running when a later one failed
+            if f.exception() is not None: raise f.exception()
+            res, held = f.result()
+            for rec, req, val in held: ledger.add(rec, req, val)
+            out.append(res)
+        return out
+    finally: ex.shutdown(wait=False, cancel_futures=True)
 
 # %% ../nbs/04b_calls.ipynb #f3c88fc2
 def _write_progress(state: dict) -> None:

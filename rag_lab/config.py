@@ -4,22 +4,22 @@
 
 # %% ../nbs/00_config.ipynb #2968b1a6
 from __future__ import annotations
-import os, sys, json, time, random, platform, subprocess, hashlib, tempfile
+import os, re, sys, json, time, random, platform, subprocess, hashlib, tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from datetime import datetime, timezone
 from importlib import metadata
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Sequence, get_args
 from .papers import get_paper   # the registry: a leaf module below every layer (it loads paper modules by name, on use)
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, TypeAdapter, field_validator, model_validator
 
 # %% auto #0
-__all__ = ['DEFAULT_SEED', 'SEED_MAX', 'PROFILES', 'Backend', 'DEFAULT_GENERATOR', 'SMOKE_LLM', 'CAPABILITY_TEXT',
+__all__ = ['DEFAULT_SEED', 'SEED_MAX', 'PROFILES', 'REPLAYS', 'Backend', 'DEFAULT_GENERATOR', 'SMOKE_LLM', 'CAPABILITY_TEXT',
            'BACKEND_CAPABILITIES', 'repo_root', 'data_root', 'cache_root', 'cache_dir', 'out_root', 'scratch_root',
            'RunContext', 'run_context', 'atomic_write_bytes', 'atomic_write_text', 'seed_everything', 'quiet_loading',
-           'comma_list_of', 'NotebookParams', 'LLMParams', 'backend_refusal', 'param_schema', 'resolve_params',
-           'parse_param', 'check_params', 'package_versions', 'git_commit', 'file_sha256', 'RunInfo', 'run_params',
-           'injected_parameters', 'notebook_params']
+           'timed_stage', 'comma_list_of', 'NotebookParams', 'LLMParams', 'backend_refusal', 'param_schema',
+           'resolve_params', 'parse_param', 'check_params', 'package_versions', 'git_commit', 'file_sha256', 'RunInfo',
+           'run_params', 'injected_parameters', 'notebook_params']
 
 # %% ../nbs/00_config.ipynb #55ea4637
 def repo_root(start: Path | str | None = None, # where to start looking (default: the working directory)
@@ -57,10 +57,12 @@ def out_root(out_dir: str | Path | None = None) -> Path:
 
 def scratch_root(profile: str, # the run's profile, part of the folder name
                  tag: str = '', # e.g. 'notebook' for a notebook run by hand
+                 overrides: Sequence[str] = (), # the run's `-p name=value` overrides, also part of the name
                 ) -> Path: # a new folder (not created) under the git-ignored runs/
-    "A fresh scratch output root `runs/<date>-<time>-<profile>[-<tag>]/` for runs that must not replace the published results."
+    "A fresh scratch output root `runs/<date>-<time>-<profile>[-<overrides>][-<tag>]/` for runs that must not replace the published results."
     stamp = time.strftime('%Y-%m-%d-%H%M%S')
-    base = repo_root() / 'runs' / f"{stamp}-{profile}{'-' + tag if tag else ''}"
+    named = '-'.join([profile, *(re.sub(r'[^\w.=,+-]', '_', o) for o in overrides), *([tag] if tag else [])])
+    base = repo_root() / 'runs' / f"{stamp}-{named[:120]}"   # a long list of overrides is cut: the folder name stays legal
     p, i = base, 1
     while p.exists(): p, i = base.with_name(f'{base.name}.{i}'), i + 1   # two runs in the same second
     return p
@@ -79,11 +81,14 @@ class RunContext:
     progress_bar: bool = True
     notebook: str = ''
     llm_threads: int | None = None
+    fresh_budget: float | None = None
+    banner: str = ''
     in_test: bool = False
 
     ENV = dict(out='RAG_LAB_OUT', record='RAG_LAB_RECORD', records_mode='RAG_LAB_RECORDS', records_dir='RAG_LAB_RECORDS_DIR',
                record_every='RAG_LAB_RECORD_EVERY', llm_cache='RAG_LAB_LLM_CACHE', progress='RAG_LAB_PROGRESS',
-               progress_bar='RAG_LAB_PROGRESS_BAR', notebook='RAG_LAB_NOTEBOOK', llm_threads='RAG_LAB_LLM_THREADS', in_test='IN_TEST')
+               progress_bar='RAG_LAB_PROGRESS_BAR', notebook='RAG_LAB_NOTEBOOK', llm_threads='RAG_LAB_LLM_THREADS',
+               fresh_budget='RAG_LAB_FRESH_BUDGET', banner='RAG_LAB_BANNER', in_test='IN_TEST')
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, # default: os.environ
@@ -106,7 +111,8 @@ class RunContext:
                    records_dir=path('records_dir'), record_every=number('record_every', float, 600.0, 0.0),
                    llm_cache=choice('llm_cache', ('on', 'off', 'refresh'), 'on'), progress=path('progress'),
                    progress_bar=get('progress_bar') != '0', notebook=get('notebook'),
-                   llm_threads=number('llm_threads', int, None, 1), in_test=bool(get('in_test')))
+                   llm_threads=number('llm_threads', int, None, 1), fresh_budget=number('fresh_budget', float, None, 0.0),
+                   banner=get('banner'),                   in_test=bool(get('in_test')))
 
     def as_env(self) -> dict[str, str]:
         "The environment variables that describe this state (defaults left out), for a kernel the runner starts."
@@ -169,9 +175,31 @@ def quiet_loading():
     finally:
         if was: hf_logging.enable_progress_bar()
 
+# %% ../nbs/00_config.ipynb #b7e1c0a2
+import functools, threading
+_STAGE_DEPTH = threading.local()   # how many timed calls this thread is inside
+
+def timed_stage(stage: str, # the benchmark stage the decorated work belongs to, e.g. 'encoding'
+               ):
+    "Decorator: each outermost call appends `{stage, seconds, what}` as a JSON line to `$RAG_LAB_STAGE_LOG` (if set)."
+    def wrap(fn):
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            log, depth = os.environ.get('RAG_LAB_STAGE_LOG'), getattr(_STAGE_DEPTH, 'n', 0)
+            if not log or depth: return fn(*args, **kwargs)
+            _STAGE_DEPTH.n, t0 = 1, time.perf_counter()
+            try: return fn(*args, **kwargs)
+            finally:
+                _STAGE_DEPTH.n = 0
+                line = json.dumps(dict(stage=stage, seconds=time.perf_counter() - t0, what=fn.__qualname__)) + '\n'
+                with open(log, 'a') as f: f.write(line)   # one short append per call: lines from several processes stay whole
+        return timed
+    return wrap
+
 # %% ../nbs/00_config.ipynb #787032e7
-PROFILES = ('smoke', 'default', 'paper')
-Backend = Literal['llamacpp', 'transformers', 'openai']
+PROFILES = ('smoke', 'default', 'class', 'paper')
+REPLAYS = {'smoke': 'smoke', 'default': 'default', 'class': 'default'}   # profile -> whose committed records its calls replay
+Backend = Literal['llamacpp', 'transformers', 'openai', 'llamaserver']
 DEFAULT_GENERATOR = 'qwen2.5-coder-1.5b-instruct-q4_k_m'   # the default profile's LLM (chapter 04a_models: where it comes from)
 SMOKE_LLM = dict(model='smollm2-135m-instruct-q4_1', max_tokens=128)   # what every paper's smoke profile runs on
 
@@ -188,7 +216,7 @@ def comma_list_of(v: str, # e.g. 'bioasq, pubmedqa'
 class NotebookParams(BaseModel):
     "Parameters every paper notebook accepts."
     model_config = ConfigDict(extra='forbid', validate_assignment=True)
-    profile: Literal['smoke', 'default', 'paper'] = 'default'
+    profile: Literal['smoke', 'default', 'class', 'paper'] = 'default'
     seed: int = Field(DEFAULT_SEED, ge=0, le=SEED_MAX)
     n: int | None = Field(None, ge=1, le=1_000_000, description="evaluation items to run; None = all")
 
@@ -196,7 +224,7 @@ class LLMParams(NotebookParams):
     "Parameters of notebooks that call a language model."
     backend: Backend = 'llamacpp'
     model: str = DEFAULT_GENERATOR
-    base_url: str | None = Field(None, description="OpenAI-compatible endpoint (backend='openai')")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint (backend='openai' or 'llamaserver')")
     temperature: float = Field(0.0, ge=0, le=2)
     max_tokens: int = Field(512, ge=1, le=32768)
     answer_mode: Literal['scored', 'free_text'] = Field('scored', description="scored: the option most likely after the prompt; free_text: the answer parsed from the text")
@@ -240,6 +268,7 @@ BACKEND_CAPABILITIES: dict[str, frozenset[str]] = {
     'llamacpp': frozenset({'chat', 'score_text', 'score_chat', 'json_schema'}),
     'transformers': frozenset({'chat', 'score_text', 'score_chat'}),   # JSON by prompt and repair, not by grammar
     'openai': frozenset({'chat', 'score_text', 'json_schema'}),        # an endpoint renders chat itself: no scores after it
+    'llamaserver': frozenset({'chat', 'score_text', 'score_chat', 'json_schema'}),   # llama.cpp's server: its template, tokens, log-probs
 }
 
 def backend_refusal(backend: str, # a backend name

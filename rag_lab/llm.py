@@ -17,18 +17,23 @@ from .parsing import ParsedAnswer, extract_json
 from .models import EMBEDDED_MODELS, ModelError, checkpoint_fingerprint, embedded_model_path, verify_model_file
 from .calls import LEDGER, CacheMode, CallRecord, CallRecords, LLMCache, Ledger, call_records, records_mode, same_result
 from .calls import _chosen, _default_cache, active_recorder
+from .server import LlamaServer, ServerError, probe_server
 import numpy as np
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['Messages', 'Source', 'PREFILL_CHUNK', 'BACKENDS', 'OPENAI_OPTIONS', 'LLMError', 'as_messages', 'GenConfig',
-           'CallResult', 'Generation', 'Score', 'Choice', 'LLM', 'default_threads', 'GreedyGrammarSampler',
+__all__ = ['Messages', 'Source', 'PREFILL_CHUNK', 'BACKENDS', 'OPENAI_OPTIONS', 'LLMError', 'FreshBudgetError', 'as_messages',
+           'GenConfig', 'CallResult', 'Generation', 'Score', 'Choice', 'LLM', 'default_threads', 'GreedyGrammarSampler',
            'use_greedy_grammar_sampler', 'LlamaCppLLM', 'verify_records', 'TransformersLLM', 'retry_call', 'OpenAILLM',
-           'get_llm', 'StructuredResult', 'chat_structured']
+           'LlamaServerLLM', 'get_llm', 'StructuredResult', 'chat_structured']
 
 # %% ../nbs/04c_llm.ipynb #d27ae200
 class LLMError(RuntimeError):
     "A generation or scoring call failed (after its retries)."
+
+# %% ../nbs/04c_llm.ipynb #343cd9d9
+class FreshBudgetError(RuntimeError):
+    "A call would be computed afresh in a run that may not (or no longer) compute calls: `RAG_LAB_FRESH_BUDGET` is spent."
 
 # %% ../nbs/04c_llm.ipynb #751e2490
 Messages = list[dict[str, str]]
@@ -135,12 +140,16 @@ class LLM:
     def _score(self, context: str | Messages, continuation: str) -> dict: raise NotImplementedError
     def _choose(self, context: str | Messages, prefix: str, options: list[str]) -> dict:
         "Fallback: one full scoring pass per option (llama.cpp overrides it with one shared prefill)."
-        ctx = (context if isinstance(context, str) else self.render(context)) + prefix
+        ctx = self.prompt_text(context, prefix)
         rs = [self._score(ctx, o) for o in options]
         return dict(logprobs=[float(sum(r['logprobs'])) for r in rs], n_tokens=[len(r['logprobs']) for r in rs],
                     context_tokens=rs[0]['context_tokens'])
     def render(self, messages: Sequence[dict]) -> str:
         raise LLMError(f"backend {self.backend!r} cannot render a chat template; pass raw text")
+
+    def prompt_text(self, context: str | Messages, prefix: str = '') -> str:
+        "The text a prompt is scored as: raw text as given, messages through the chat template; then `prefix`."
+        return (context if isinstance(context, str) else self.render(context)) + prefix
 
     @property
     def model_id(self) -> str:
@@ -163,10 +172,17 @@ class LLM:
 # %% ../nbs/04c_llm.ipynb #9ceafabb
 @patch
 def _lookup(self: LLM, key: str, cache: CacheMode | None) -> tuple[dict | None, str]:
-    "A stored result: from the committed records (mode replay), else the local cache."
+    "A stored result: from the committed records (mode replay), else the local cache; a `FreshBudgetError` when neither "
+    "has it and the run has spent its fresh-compute budget (`RAG_LAB_FRESH_BUDGET`)."
     recs = self.records if self.records is not None else call_records()
     if records_mode() == 'replay' and (v := recs.get(key)) is not None: return v, 'record'
     if (v := self.cache.get(key, cache)) is not None: return v, 'cache'
+    if (budget := run_context().fresh_budget) is not None:
+        spent = sum(r.seconds for r in self.ledger.records if r.source == 'computed')
+        if spent >= budget: raise FreshBudgetError(
+            f"call {key[:16]} has no record and is not in the cache: computing it would exceed this run's fresh-compute budget "
+            f"({budget:g} s, {spent:.0f} s spent). A replay of the committed records cannot serve these parameters; run "
+            f"`rag-lab reproduce` with --allow-fresh to compute the missing calls (it prints an estimate first)")
     return None, 'computed'
 
 @patch
@@ -415,7 +431,7 @@ class LlamaCppLLM(LLM):
         return fmt(messages=as_messages(messages)).prompt
 
     def _tokens(self, context: str | Messages, prefix: str = '') -> list[int]:
-        text = (context if isinstance(context, str) else self.render(context)) + prefix
+        text = self.prompt_text(context, prefix)
         toks = self.llama.tokenize(text.encode(), add_bos=True, special=True)
         if not toks: raise ValueError("scoring needs a non-empty context")
         return toks
@@ -519,24 +535,26 @@ def _llm_for(request: dict, cache_dir_: Path) -> 'LLM | None':
 def verify_records(sample: int = 20, # records to recompute
                    seed: int = 0, # which random sample
                    records: CallRecords | None = None,
+                   llm: LLM | None = None, # recompute through this backend (e.g. a `LlamaServerLLM`) instead of the recorded one
+                   model: str | None = None, # only the records of this model fingerprint (e.g. 'sha256:...' of the GGUF a server serves)
                   ) -> pd.DataFrame: # one row per recomputed call: kind, agree, largest log-probability difference, seconds now and recorded, note
     "Recompute a random sample of recorded calls and compare each with its record (`same_result`); time each against its record."
     records = records if records is not None else call_records()
-    keys = sorted(records._load())
+    keys = [k for k, r in sorted(records._load().items()) if model is None or r['request'].get('model') == model]
     picked = random.Random(seed).sample(keys, min(sample, len(keys)))
     rows, tmp = [], Path(tempfile.mkdtemp(prefix='rag_lab_verify_'))
     for k in picked:
         rec = records._load()[k]; req = rec['request']
-        llm = _llm_for(req, tmp)
-        if llm is None:
+        llm_k = llm if llm is not None else _llm_for(req, tmp)
+        if llm_k is None:
             rows.append(dict(key=k[:12], kind=req['kind'], agree=True, max_abs_diff=float('nan'), seconds=float('nan'),
                              recorded_seconds=rec['value'].get('seconds'), note='not recomputable here (remote or unknown model)')); continue
         t0 = time.perf_counter()
         if req['kind'] == 'chat':
             cfg = {f: req[f] for f in GenConfig.model_fields if f in req}
-            new = llm.chat(req['messages'], **cfg, cache='off').model_dump()
-        elif req['kind'] == 'score': new = llm.score(req['context'], req['continuation'], cache='off').model_dump()
-        else: new = llm.choose(req['context'], req['options'], prefix=req['prefix'], cache='off').model_dump()
+            new = llm_k.chat(req['messages'], **cfg, cache='off').model_dump()
+        elif req['kind'] == 'score': new = llm_k.score(req['context'], req['continuation'], cache='off').model_dump()
+        else: new = llm_k.choose(req['context'], req['options'], prefix=req['prefix'], cache='off').model_dump()
         old = rec['value']
         la, lb = new.get('logprobs', []), old.get('logprobs', [])
         diff = max((abs(a - b) for a, b in zip(la, lb)), default=0.0) if len(la) == len(lb) else float('nan')
@@ -589,7 +607,7 @@ class TransformersLLM(LLM):
 
     def _score(self, context: str | Messages, continuation: str) -> dict:
         import torch
-        text = context if isinstance(context, str) else self.render(context)
+        text = self.prompt_text(context)
         ctx = self.tok(text, add_special_tokens=True)['input_ids']
         cont = self.tok(continuation, add_special_tokens=False)['input_ids']
         if not ctx: raise ValueError("scoring needs a non-empty context")
@@ -628,6 +646,25 @@ def _chat_batch(self: TransformersLLM, batch: list[Messages], cfg: GenConfig) ->
             out.append(dict(text=text, finish_reason=finish, prompt_tokens=int(mask.sum()),
                             completion_tokens=n_new + (n_new < len(new)), seconds=secs))
     return out
+
+# %% ../nbs/04c_llm.ipynb #c6e5f7a8
+@patch
+def _choose(self: TransformersLLM, context: str | Messages, prefix: str, options: list[str]) -> dict:
+    "Every option scored in one batched forward pass: the context followed by each option, right-padded and masked."
+    import torch
+    text = self.prompt_text(context, prefix)
+    ctx = self.tok(text, add_special_tokens=True)['input_ids']
+    conts = [self.tok(o, add_special_tokens=False)['input_ids'] for o in options]
+    if not ctx: raise ValueError("scoring needs a non-empty context")
+    if not all(conts): raise ValueError(f"an option has no tokens: {[o for o, c in zip(options, conts) if not c]!r}")
+    width, pad = len(ctx) + max(map(len, conts)), self.tok.pad_token_id
+    rows = [ctx + c + [pad] * (width - len(ctx) - len(c)) for c in conts]
+    mask = [[1] * (len(ctx) + len(c)) + [0] * (width - len(ctx) - len(c)) for c in conts]
+    with torch.no_grad():
+        logits = self.net(input_ids=torch.tensor(rows, device=self.device), attention_mask=torch.tensor(mask, device=self.device)).logits
+    logp = torch.log_softmax(logits.float(), -1)
+    lps = [[float(logp[k, len(ctx) - 1 + j, t]) for j, t in enumerate(c)] for k, c in enumerate(conts)]
+    return dict(logprobs=[float(sum(l)) for l in lps], n_tokens=[len(c) for c in conts], context_tokens=len(ctx))
 
 # %% ../nbs/04c_llm.ipynb #e3d477f9
 def retry_call(fn: Callable[[], Any], # the request
@@ -681,7 +718,8 @@ class OpenAILLM(LLM):
         super().__init__(model, **kw)
         key = os.environ.get(api_key_env) or ('not-needed' if base_url else None)
         if key is None: raise LLMError(f"backend 'openai' without base_url needs an API key in ${api_key_env}.")
-        self.base_url, self.retries, self.backoff, self.workers = base_url, retries, backoff, workers
+        self.base_url, self.retries, self.backoff, self.workers, self.timeout = base_url, retries, backoff, workers, timeout
+        self._kind: str | None = None   # what kind of server base_url is: probed once, when first needed
         self.schema_format, self.strict_schema = schema_format, strict_schema
         self.client = OpenAI(base_url=base_url, api_key=key, timeout=timeout, max_retries=0)
         self.limiter = RateLimiter(requests_per_second)
@@ -724,9 +762,26 @@ def _chat_batch(self: OpenAILLM, batch: list[Messages], cfg: GenConfig) -> list[
     with ThreadPoolExecutor(min(self.workers, len(batch))) as ex: return list(ex.map(lambda m: self._chat_one(m, cfg), batch))
 
 @patch
+def server_kind(self: OpenAILLM) -> str:
+    "What kind of server `base_url` is (`server.probe_server`), asked once; OpenAI's own API is 'other'."
+    if self._kind is None:
+        try: self._kind = probe_server(self.base_url, min(self.timeout, 10.0), self.retries, self.backoff).kind if self.base_url else 'other'
+        except ServerError as e: raise LLMError(str(e)) from None
+    return self._kind
+
+_ECHO_REFUSED = {   # server kind -> why backend 'openai' does not score through its echo
+    'llama-cpp-python': "llama-cpp-python's server returns echoed log-probabilities shifted by one token "
+                        "(abetlen/llama-cpp-python#1983), so its scores would be wrong",
+    'llama.cpp': "llama.cpp's llama-server returns no prompt log-probabilities through its OpenAI API"}
+
+@patch
 def _score(self: OpenAILLM, context: str | Messages, continuation: str) -> dict:
     if not isinstance(context, str):
-        raise LLMError("backend 'openai' scores raw text only: render the chat template yourself and pass a string")
+        raise LLMError("backend 'openai' scores raw text only: render the chat template yourself and pass a string, or "
+                       "serve the model with llama.cpp's llama-server and use backend='llamaserver'")
+    if (why := _ECHO_REFUSED.get(self.server_kind())):
+        raise LLMError(f"{self.base_url}: {why}. Serve the GGUF with llama.cpp's llama-server and use backend='llamaserver' "
+                       f"(exact scores through its native endpoints), or backend='llamacpp' on this machine.")
     prompt = context + continuation
     r = self._call(lambda: self.client.completions.create(model=self.model, prompt=prompt, max_tokens=1, echo=True,
                                                           logprobs=0, temperature=0), 'scoring (completions, echo)')
@@ -740,8 +795,46 @@ def _score(self: OpenAILLM, context: str | Messages, continuation: str) -> dict:
     return dict(tokens=[lp.tokens[i] for i in idx], logprobs=[float(lp.token_logprobs[i]) for i in idx],
                 context_tokens=idx[0])
 
+# %% ../nbs/04c_llm.ipynb #e2a1b3c4
+class LlamaServerLLM(OpenAILLM):
+    "llama.cpp's own server: chat through its OpenAI API; scores and option choices exact, through its native endpoints."
+    backend = 'llamaserver'
+    def __init__(self, model: str, # the name the server answers to (its --alias); recorded with every call
+                 base_url: str | None = None, # the server, e.g. 'http://127.0.0.1:8080/v1' (required)
+                 **kw): # OpenAILLM's options: timeout, retries, backoff, workers, schema_format, cache, ledger, records
+        if not base_url: raise ValueError("backend 'llamaserver' needs base_url, the address of a running llama-server")
+        super().__init__(model, base_url=base_url, **kw)
+        try: self.server = LlamaServer(base_url, timeout=self.timeout, retries=self.retries, backoff=self.backoff)
+        except ServerError as e: raise LLMError(f"backend 'llamaserver': {e}") from None
+        self._kind = self.server.info.kind
+        self.fingerprint = f"{base_url}|{model}|{Path(self.server.info.model_path or '?').name}"
+
+    def _srv(self, fn: Callable[[], Any]) -> Any:
+        try: return fn()
+        except ServerError as e: raise LLMError(f"llamaserver ({self.base_url}): {e}") from None
+
+    def render(self, messages: Sequence[dict]) -> str:
+        "The prompt text the server's chat template makes of `messages`, ending with the assistant's turn."
+        return self._srv(lambda: self.server.render(as_messages(messages)))
+
+    def _tokens(self, context: str | Messages, prefix: str = '') -> list[int]:
+        text = self.prompt_text(context, prefix)
+        return self._srv(lambda: self.server.tokenize(text, special=True))
+
+    def _score(self, context: str | Messages, continuation: str) -> dict:
+        ctx, (cont, pieces) = self._tokens(context), self._srv(lambda: self.server.pieces(continuation))
+        lps = self._srv(lambda: self.server.logprobs(ctx, [cont]))[0]
+        return dict(tokens=pieces, logprobs=lps, context_tokens=len(ctx))
+
+    def _choose(self, context: str | Messages, prefix: str, options: list[str]) -> dict:
+        ctx = self._tokens(context, prefix)
+        conts = [self._srv(lambda: self.server.tokenize(o, special=False)) for o in options]
+        lps = self._srv(lambda: self.server.logprobs(ctx, conts))
+        return dict(logprobs=[float(sum(l)) for l in lps], n_tokens=[len(c) for c in conts], context_tokens=len(ctx))
+
 # %% ../nbs/04c_llm.ipynb #fe51a4d1
-BACKENDS: dict[str, type[LLM]] = {'llamacpp': LlamaCppLLM, 'transformers': TransformersLLM, 'openai': OpenAILLM}
+BACKENDS: dict[str, type[LLM]] = {'llamacpp': LlamaCppLLM, 'transformers': TransformersLLM, 'openai': OpenAILLM,
+                                   'llamaserver': LlamaServerLLM}
 OPENAI_OPTIONS = ('timeout', 'retries', 'schema_format')   # request options of backend 'openai' that parameters may carry
 
 def get_llm(params: LLMParams | None = None, # a notebook's parameters (backend, model, base_url, temperature, max_tokens, seed)
@@ -754,10 +847,10 @@ def get_llm(params: LLMParams | None = None, # a notebook's parameters (backend,
     if backend not in BACKENDS: raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     model = conf['model'] or LLMParams.model_fields['model'].default
     defaults = GenConfig(**{k: conf[k] for k in ('temperature', 'max_tokens', 'seed') if conf[k] is not None})
-    if backend == 'openai':
+    if backend in ('openai', 'llamaserver'):
         kw['base_url'] = conf['base_url']
         kw |= {k: p[k] for k in OPENAI_OPTIONS if p.get(k) is not None and k not in kw}   # the call's own options win
-    elif conf['base_url']: raise ValueError(f"base_url is only for backend='openai', not {backend!r}")
+    elif conf['base_url']: raise ValueError(f"base_url is only for backend='openai' or 'llamaserver', not {backend!r}")
     return BACKENDS[backend](model, defaults=defaults, **kw)
 
 # %% ../nbs/04c_llm.ipynb #0c995333

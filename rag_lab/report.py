@@ -9,7 +9,7 @@ from pathlib import Path
 from importlib import resources
 import numpy as np
 import pandas as pd
-from .config import NotebookParams, RunInfo, atomic_write_bytes, atomic_write_text, notebook_params, out_root, run_context, run_params, scratch_root
+from .config import NotebookParams, RunInfo, atomic_write_bytes, atomic_write_text, notebook_params, out_root, run_context, run_params, scratch_root, timed_stage
 from .papers import CHAPTERS, PAPERS
 from .calls import LEDGER, finish_recording, recording_folder, start_recording
 from fastcore.basics import patch
@@ -19,13 +19,12 @@ from .metrics import (accuracy, answer_margin, apply_option_bias, auroc_ci, boot
 
 # %% auto #0
 __all__ = ['PAPER_SLUGS', 'RESULT_COLUMNS', 'CSV_SIGNIFICANT_DIGITS', 'ITEM_COLUMNS', 'CALL_KEY_DIGITS', 'GOLD_LOGPROB',
-           'DELTA_GOLD_LOGPROB', 'MARGIN_AUROC', 'INDEX_MAX_ROWS', 'MATHJAX_PACKAGE', 'parse_reported', 'paper_table',
+           'DELTA_GOLD_LOGPROB', 'MARGIN_AUROC', 'SCORECARD_HEADERS', 'parse_reported', 'paper_table',
            'printed_tolerance', 'check_against_paper', 'markdown_table', 'with_delta', 'csv_number', 'csv_text',
-           'without_wall_time', 'table_digests', 'prompt_digests', 'Results', 'start_run', 'start_notebook',
-           'row_parts', 'ci_row', 'accuracy_row', 'comparison_rows', 'ci_text', 'comparison_text', 'table_value',
-           'share_metric', 'option_scores', 'prior_rows', 'headline_view', 'calibration_rows', 'calibration_offsets',
-           'calibrated_system', 'set_style', 'scorecard', 'scorecard_text', 'rounded_for_reading', 'write_index',
-           'local_mathjax', 'item_browser', 'site_sources', 'jupyter_book', 'build_site']
+           'without_wall_time', 'table_digests', 'prompt_digests', 'ci_text', 'comparison_text', 'table_value',
+           'reader_table', 'scratch_banner', 'Results', 'start_run', 'start_notebook', 'row_parts', 'ci_row',
+           'accuracy_row', 'comparison_rows', 'share_metric', 'option_scores', 'prior_rows', 'headline_view',
+           'calibration_rows', 'calibration_offsets', 'calibrated_system', 'set_style', 'scorecard', 'scorecard_text']
 
 # %% ../nbs/07_report.ipynb #ca90c1a0
 PAPER_SLUGS = tuple(PAPERS)   # from the registry: the papers in their order
@@ -155,6 +154,97 @@ def prompt_digests(module, # a paper module (or any module holding prompt builde
         out[name] = hashlib.sha256(text.encode()).hexdigest()[:16]
     return out
 
+# %% ../nbs/07_report.ipynb #61d73a09
+def ci_text(value: float, lo: float, hi: float, # a value and its 95% interval
+            digits: int = 1, # decimals
+            signed: bool = False, # '+3.3' (differences) rather than '3.3'
+           ) -> str:
+    "'44.7 [36.7, 52.0]', or for a difference '+3.3 [−4.0, +10.7]' (a true minus sign); '—' when the value is missing."
+    if value is None or (isinstance(value, float) and math.isnan(value)): return '—'
+    f = (lambda x: f'{x:+.{digits}f}') if signed else (lambda x: f'{x:.{digits}f}')
+    return f'{f(value)} [{f(lo)}, {f(hi)}]'.replace('-', '−')
+
+def comparison_text(c: dict, # `metrics.compare_paired(...)`
+                    digits: int = 1, # decimals of the difference
+                   ) -> str:
+    "A paired comparison in one phrase: '+3.3 points [−4.0, +10.7], McNemar p = 0.5, n = 150: undecided'."
+    return (f"{ci_text(c['diff'], c['lo'], c['hi'], digits, signed=True).replace(' [', ' points [', 1)}, "
+            f"McNemar p = {c['p_mcnemar']:.2g}, n = {c['n']}: {c['verdict']}")
+
+def table_value(t: pd.DataFrame, # a table `Results.table` returned (or read from its CSV)
+                row: str, metric: str, # the cell's labels
+                col: str = 'ours', # or 'ci_low', 'ci_high', 'paper', 'n', 'note'
+               ):
+    "One cell of a contract table, by row and metric; a KeyError that names both when the table has no such row."
+    hit = t[(t['row'] == row) & (t['metric'] == metric)]
+    if len(hit) != 1: raise KeyError(f"no single row ({row!r}, {metric!r}) in the table ({len(hit)} found)")
+    return hit[col].iloc[0]
+
+# %% ../nbs/07_report.ipynb #55d0543d
+def _decimals(text) -> int | None:
+    "Decimals of a number as printed ('74.27' -> 2, '12' -> 0); None if `text` is not a printed number."
+    s = str(text).strip().replace(',', '') if text is not None else ''
+    if not re.fullmatch(r'[+-]?\d*\.?\d+', s): return None
+    return len(s.split('.')[1]) if '.' in s else 0
+
+
+# %% ../nbs/07_report.ipynb #f667cd68
+def _reading_digits(metric: str, paper_text) -> int | None:
+    "Decimals a value is read at: the paper's printed ones for its cell, else 1 for % and points; None: 4 significant digits."
+    if (d := _decimals(paper_text)) is not None: return d
+    return 1 if re.search(r'%|points', str(metric)) else None
+
+# %% ../nbs/07_report.ipynb #e823c067
+def reader_table(df: pd.DataFrame, # a contract table (RESULT_COLUMNS), as written or read from its CSV
+                 slug: str, table: str, # whose paper precision to use
+                ) -> tuple[pd.DataFrame, str]: # (the wide view, the line stating what every row shares)
+    "One row per result: `ours [95% CI]` at the paper's precision, paper, Δ, check, note; columns every row shares "
+    "(profile, seed, model, n) are stated once, in the line returned with the table; nothing shows NaN."
+    pt = paper_table(slug, table)
+    printed = {(r, m): t for r, m, t in zip(pt.row, pt.metric, pt.paper_text)}
+    blank = lambda v: v is None or (isinstance(v, float) and math.isnan(v)) or pd.isna(v) if not isinstance(v, str) else not v.strip()
+    short = lambda v: re.sub(r'(sha256:\w{12})\w+', r'\1…', str(v))   # a model's full hash is in run_meta.json
+    rows = []
+    for r in df.itertuples(index=False):
+        text = printed.get((r.row, r.metric)) or ('' if blank(r.paper) else csv_number(float(r.paper)))   # as printed, else as kept
+        d, signed = _reading_digits(r.metric, text), str(r.metric).startswith('Δ')
+        def num(x, s=signed):
+            if blank(x): return ''
+            text = _fmt(float(x)) if d is None else f'{x:.{d}f}'   # no paper precision: 4 significant digits
+            return (('+' if s and not text.startswith('-') else '') + text).replace('-', '−')
+        ci = not blank(r.ours) and not blank(getattr(r, 'ci_low', None)) and not blank(getattr(r, 'ci_high', None))
+        rows.append({'row': r.row, 'metric': r.metric,
+                     'ours [95% CI]': ci_text(r.ours, r.ci_low, r.ci_high, 3 if d is None else d, signed) if ci else num(r.ours),
+                     'paper': text,
+                     'Δ': '' if blank(r.ours) or blank(r.paper) else num(r.ours - r.paper, True),
+                     'check': '' if blank(r.check) else r.check, 'n': '' if blank(r.n) else int(r.n),
+                     'model': '' if blank(r.model) else short(r.model),
+                     'note': '' if blank(r.note) else r.note})
+    view = pd.DataFrame(rows, columns=['row', 'metric', 'ours [95% CI]', 'paper', 'Δ', 'check', 'n', 'model', 'note'])
+    shared, ours = [], df[df.ours.notna()]
+    for c in ('profile', 'seed', 'model', 'n'):
+        vals = {short(int(v) if c in ('n', 'seed') else v) for v in ours[c].dropna()} if c in ours else set()
+        if c in ('model', 'n') and len(vals) > 1: continue   # differs between rows: a column of its own
+        if c in view: view = view.drop(columns=c)
+        if vals: shared.append(f'{c} {vals.pop()}')
+    for c in ('paper', 'Δ', 'check', 'note'):   # a column no row fills says nothing
+        if not (view[c] != '').any(): view = view.drop(columns=c)
+    return view, ', '.join(shared)
+
+# %% ../nbs/07_report.ipynb #cb0d9c5a
+def scratch_banner(params: Mapping, # the scratch run's resolved parameters
+                   published: Mapping, # the published run's (its run_meta.json `params`); {} if none
+                   most: int = 6, # parameters named at most
+                  ) -> str: # 'scratch run: n = 20; published n = 150'
+    "The label of a run that is not the published one: what differs from the published parameters."
+    diff = [k for k in params if k not in ('profile', 'out_dir') and published and params[k] != published.get(k)]
+    prof = '' if published and params.get('profile') == published.get('profile') else f"profile {params.get('profile')}"
+    shown = lambda k, v: ('all' if k == 'n' or k.startswith('n_') else 'the profile value') if v is None else v   # None: unset
+    named = ', '.join(f'{k} = {shown(k, params[k])}' for k in diff[:most]) + (', …' if len(diff) > most else '')
+    pub = ', '.join(f'{k} = {shown(k, published[k])}' for k in diff[:most] if k in published)
+    return 'scratch run: ' + ('; '.join(filter(None, [', '.join(filter(None, [prof, named])), pub and f'published {pub}']))
+                              or 'the published parameters, not the published run')
+
 # %% ../nbs/07_report.ipynb #7ac91d24
 class Results:
     "Writes one paper's tables, figures and run metadata under the results contract."
@@ -167,6 +257,8 @@ class Results:
         self.report_dir, self.figure_dir = self.root / 'reports' / self.slug, self.root / 'figures' / self.slug
         self.tables: dict[str, pd.DataFrame] = {}
         self.figures: list[str] = []
+        self.captions: dict[str, str] = {}
+        self.timings: dict[str, float] = {}   # label -> seconds: times stay in run_meta.json, out of the tables a replay reproduces
 
     @staticmethod
     def _root(explicit: str | Path | None, profile: str) -> Path:
@@ -178,11 +270,17 @@ class Results:
         print(f"outputs of this run go to {root} (scratch; the published results are written only by `make reproduce`)")
         return root
 
+    @timed_stage('report')
     def figure(self, name: str, # file stem
                fig, # a matplotlib Figure
               ) -> Path:
         "Save `fig` as `figures/<slug>/<name>.png` (150 dpi) and `.pdf`; returns the PNG path."
         self.figure_dir.mkdir(parents=True, exist_ok=True)
+        titles = [t for t in [fig._suptitle.get_text() if fig._suptitle else '', *(a.get_title() for a in fig.axes)] if t.strip()]
+        self.captions[name] = '; '.join(dict.fromkeys(titles))   # the index and the site caption the figure with its own titles
+        if (banner := run_context().banner):   # a scratch run's figure says so in its title, also where it is shown inline
+            if fig._suptitle is not None: fig._suptitle.set_text(f'{banner}\n{fig._suptitle.get_text()}')
+            else: fig.suptitle(banner, fontsize=9, color='firebrick')
         for ext in ('png', 'pdf'):
             buf = io.BytesIO()
             # no creation date in the PDF: a rerun with the same numbers rewrites identical bytes
@@ -199,6 +297,7 @@ class Results:
         elif path.exists():
             path.unlink(); print(f"{path} removed: this run computed calls; replay once more with --record to write it")
 
+    @timed_stage('report')
     def finish(self) -> RunInfo:
         "Stamp wall time, record the run's LLM calls (if recording) and write `run_meta.json`."
         self.run.finish()
@@ -206,13 +305,15 @@ class Results:
         if folder is not None and LEDGER.calls: self._note_digests(folder / 'tables.sha256')
         recorded = finish_recording()
         calls = LEDGER.sources() | dict(recorded=recorded) if LEDGER.records else None
-        meta = self.run.model_dump() | dict(tables=sorted(self.tables), figures=self.figures, llm_calls=calls,
+        meta = self.run.model_dump() | dict(tables=sorted(self.tables), figures=self.figures, captions=self.captions, timings=self.timings, llm_calls=calls,
                                             prompts=prompt_digests(CHAPTERS[self.slug].load()))
+        if run_context().banner: meta['banner'] = run_context().banner   # the index and the site label a scratch run with it
         atomic_write_text(self.report_dir / 'run_meta.json', json.dumps(meta, indent=1, default=str))
         return self.run
 
 # %% ../nbs/07_report.ipynb #2b645e02
 @patch
+@timed_stage('report')
 def table(self: Results, name: str, # table file stem; paper values come from the paper's CSV of the same name
           ours: pd.DataFrame, # our numbers: columns row, metric, ours (+ optional ci_low, ci_high, n, model, note per row)
           model: str | None = None, # what produced the numbers (model id, or a method name)
@@ -268,12 +369,24 @@ def table(self: Results, name: str, # table file stem; paper values come from th
     df['check'] = [check_against_paper(p, v, t, pt) for p, v, t, pt in zip(df.paper, df.ours, df.tol, df.paper_text)]
     df = df[RESULT_COLUMNS].astype({'n': 'Int64', 'seed': 'Int64'})  # counts stay integers beside empty cells
     atomic_write_text(self.report_dir / f'{name}.csv', csv_text(df))
-    cfg = (f"profile `{self.run.profile}`, seed {self.run.params.get('seed')}, "
-           f"model {f'`{model}`' if model else 'per row (`model` column)'}, n {n if n is not None else 'per row (`n` column)'}")
-    md = f"# {self.slug} / {name}\n\n{title}\n\n{cfg}. `paper` = value reported in the paper; `ours` = this run; `check` = OK / close / off against the paper's tolerance.\n\n"
-    atomic_write_text(self.report_dir / f'{name}.md', md + markdown_table(with_delta(df)))
+    view, shared = reader_table(df, self.slug, name)
+    banner = f"**{run_context().banner}**\n\n" if run_context().banner else ''   # a scratch run says so above each table
+    md = (f"# {self.slug} / {name}\n\n{banner}{title}\n\n{shared or 'nothing computed'}. `paper` = value reported in the paper; "
+          f"`ours` = this run, with its 95% interval; Δ = ours − paper; `check` = OK / close / off against the paper's tolerance.\n\n")
+    atomic_write_text(self.report_dir / f'{name}.md', md + markdown_table(view))
     self.tables[name] = df
     return df
+
+# %% ../nbs/07_report.ipynb #6f74e715
+@patch
+def timing(self: Results, label: str, # what was timed, e.g. 'BM25 index' or 'answers / RAG²'
+           seconds: float, # its wall time in this run
+          ) -> float:
+    "Keep a wall time in `run_meta.json` (`timings`), never in a table: a replay then rewrites every table identically."
+    if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds >= 0):
+        raise ValueError(f"timing {label!r}: seconds must be a finite number >= 0, got {seconds!r}")
+    self.timings[label] = round(float(seconds), 2)
+    return self.timings[label]
 
 # %% ../nbs/07_report.ipynb #5cc8f230
 def start_run(slug: str, # paper slug
@@ -305,6 +418,7 @@ def _item_cell(col: str, v):
     return v
 
 @patch
+@timed_stage('report')
 def items(self: Results, name: str, # file stem: written as `items_<name>.csv`
           df: pd.DataFrame, # one row per (item, system): ITEM_COLUMNS, then any others
          ) -> Path:
@@ -348,32 +462,6 @@ def comparison_rows(row: str, # '<method> vs <baseline> / <subset>'
     note = c['note'] if note is None else note
     return [ci_row(row, 'Δ accuracy (points)', c['diff'], c['lo'], c['hi'], c['n'], note) | extra,
             dict(row=row, metric='McNemar p', ours=c['p_mcnemar'], n=c['n'], note=note) | extra]
-
-# %% ../nbs/07_report.ipynb #61d73a09
-def ci_text(value: float, lo: float, hi: float, # a value and its 95% interval
-            digits: int = 1, # decimals
-            signed: bool = False, # '+3.3' (differences) rather than '3.3'
-           ) -> str:
-    "'44.7 [36.7, 52.0]', or for a difference '+3.3 [−4.0, +10.7]' (a true minus sign); '—' when the value is missing."
-    if value is None or (isinstance(value, float) and math.isnan(value)): return '—'
-    f = (lambda x: f'{x:+.{digits}f}') if signed else (lambda x: f'{x:.{digits}f}')
-    return f'{f(value)} [{f(lo)}, {f(hi)}]'.replace('-', '−')
-
-def comparison_text(c: dict, # `metrics.compare_paired(...)`
-                    digits: int = 1, # decimals of the difference
-                   ) -> str:
-    "A paired comparison in one phrase: '+3.3 points [−4.0, +10.7], McNemar p = 0.5, n = 150: undecided'."
-    return (f"{ci_text(c['diff'], c['lo'], c['hi'], digits, signed=True).replace(' [', ' points [', 1)}, "
-            f"McNemar p = {c['p_mcnemar']:.2g}, n = {c['n']}: {c['verdict']}")
-
-def table_value(t: pd.DataFrame, # a table `Results.table` returned (or read from its CSV)
-                row: str, metric: str, # the cell's labels
-                col: str = 'ours', # or 'ci_low', 'ci_high', 'paper', 'n', 'note'
-               ):
-    "One cell of a contract table, by row and metric; a KeyError that names both when the table has no such row."
-    hit = t[(t['row'] == row) & (t['metric'] == metric)]
-    if len(hit) != 1: raise KeyError(f"no single row ({row!r}, {metric!r}) in the table ({len(hit)} found)")
-    return hit[col].iloc[0]
 
 # %% ../nbs/07_report.ipynb #28920415
 GOLD_LOGPROB = 'mean log p(gold option) (nats)'      # threshold-free score of one system
@@ -609,262 +697,24 @@ def scorecard(root: Path | str | None = None, # output root holding reports/
     return pd.DataFrame(rows)
 
 # %% ../nbs/07_report.ipynb #c0baa395
-def scorecard_text(root: Path | str | None = None) -> str:
-    "The scorecard as a markdown table, for the top of `reports/index.md` and the end of `rag-lab reproduce`."
+SCORECARD_HEADERS = {'paper': 'chapter', 'compared': 'cells compared', 'within': 'within 5% / 10%',
+                     'ok_close_off': 'OK / close / off', 'median_rel_error': 'median rel. error', 'median_n': 'median n',
+                     'headline': 'headline verdicts', 'run': 'LLM calls'}   # plain words, in reading order; times stay in run_meta.json
+
+def scorecard_text(root: Path | str | None = None, # output root holding reports/
+                   links: Mapping[str, str] | None = None, # slug -> where its chapter is (a markdown link target)
+                  ) -> str:
+    "The scorecard as a markdown table with plain headers (what every row shares said once above it), chapters linked."
     sc = scorecard(root)
     if not len(sc): return 'Scorecard: no published outputs yet.\n'
-    show = sc.assign(median_rel_error=[f'{x:.1%}' if x == x else '' for x in sc.median_rel_error],
-                     wall=[f'{w / 60:.1f} min' if w is not None else '' for w in sc.wall_seconds]).drop(columns='wall_seconds')
-    return '## Scorecard\n\n' + markdown_table(show)
-
-# %% ../nbs/07_report.ipynb #55d0543d
-def _decimals(text) -> int | None:
-    "Decimals of a number as printed ('74.27' -> 2, '12' -> 0); None if `text` is not a printed number."
-    s = str(text).strip().replace(',', '') if text is not None else ''
-    if not re.fullmatch(r'[+-]?\d*\.?\d+', s): return None
-    return len(s.split('.')[1]) if '.' in s else 0
-
-def rounded_for_reading(df: pd.DataFrame, # a contract table (with `delta`)
-                        slug: str, table: str, # whose paper precision to use
-                       ) -> pd.DataFrame:
-    "paper, ours and delta as text at the paper's printed precision for that cell (else 4 significant digits)."
-    pt = paper_table(slug, table)
-    dec = {(r, m): _decimals(t) for r, m, t in zip(pt.row, pt.metric, pt.paper_text)}
-    out = df.copy().astype({c: object for c in ('paper', 'ours', 'delta') if c in df})
-    for i, (r, m) in enumerate(zip(df.row, df.metric)):
-        d = dec.get((r, m))
-        for c in ('paper', 'ours', 'delta'):
-            if c in df and d is not None and pd.notna(df[c].iloc[i]): out.iloc[i, df.columns.get_loc(c)] = f'{df[c].iloc[i]:.{d}f}'
-    return out
-
-# %% ../nbs/07_report.ipynb #237c5347
-INDEX_MAX_ROWS = 60  # tables longer than this are linked from the index, not inlined
-
-def write_index(root: Path | str | None = None, # output root holding reports/ and figures/
-                status: dict[str, str] | None = None, # slug -> 'ok' / error text, from the runner
-               ) -> Path:
-    "Write `reports/index.md`: the scorecard, a table of contents, then every paper's tables (paper's order and precision), figures and run."
-    root = out_root(root)
-    slugs = [s for s in CHAPTERS if (root / 'reports' / s).exists() or (status and s in status)]
-    parts = ['# rag_lab: regenerated tables and figures\n',
-             '`paper` = the value the paper reports; `ours` = computed in the run named under each paper. '
-             'Empty `ours`: not computed by this run (not reproducible here, or not yet implemented).\n',
-             scorecard_text(root), '\n## Contents\n',
-             *[f"- [{s}](#{s}): {', '.join(p.stem for p in _result_csvs(root / 'reports' / s)) or 'no outputs yet'}" for s in slugs]]
-    for slug in slugs:
-        rdir = root / 'reports' / slug
-        parts.append(f'\n## {slug}\n')
-        if status and slug in status and status[slug] != 'ok': parts.append(f'**Run status:** {status[slug]}\n')
-        meta_p = rdir / 'run_meta.json'
-        if meta_p.exists():
-            m = json.loads(meta_p.read_text())
-            parts.append(f"Run: profile `{m['profile']}`, commit `{m['git_commit']}`, started {m['started']}, "
-                         f"wall {m.get('wall_seconds')} s, machine {m.get('machine')}, models {m.get('models') or '-'}, "
-                         f"params `{json.dumps({k: v for k, v in m['params'].items() if k != 'out_dir'})}`\n")
-        elif not rdir.exists():
-            parts.append('_No outputs yet._\n'); continue
-        for csv in _result_csvs(rdir):
-            df = pd.read_csv(csv)
-            if len(df) > INDEX_MAX_ROWS:  # long tables: a link keeps the index readable
-                parts.append(f'\n### {csv.stem}\n\n{len(df)} rows: [{csv.stem}.md]({slug}/{csv.stem}.md)\n'); continue
-            shown = rounded_for_reading(with_delta(df), slug, csv.stem)[['row', 'metric', 'paper', 'ours', 'delta', 'n', 'model', 'note']]
-            parts.append(f'\n### {csv.stem}\n\n' + markdown_table(shown))
-        items = sorted(rdir.glob('items_*.csv'))
-        if items: parts.append('\nPer-item predictions: ' + ', '.join(f'[{p.name}]({slug}/{p.name})' for p in items) + '\n')
-        fdir = root / 'figures' / slug
-        for png in sorted(fdir.glob('*.png')) if fdir.exists() else []:
-            parts.append(f'\n![{slug} {png.stem}](../figures/{slug}/{png.name})\n')
-    return atomic_write_text(root / 'reports' / 'index.md', '\n'.join(parts))
-
-# %% ../nbs/07_report.ipynb #64e5d26a
-MATHJAX_PACKAGE = ('mathjax-3.2.2.tgz', '1b9c0a1c44df864e915690558e72adb9cc5203360daefd385084ced3b6c64c09')  # npm pack mathjax@3.2.2
-
-def local_mathjax(extra: Path, # a folder copied to the site's root as is: MathJax goes to <extra>/mathjax/
-                 ) -> Path: # the entry script, <extra>/mathjax/tex-chtml-full.js
-    "MathJax 3 from the npm registry (`npm pack`, sha256-checked, cached under .cache/site), unpacked into the site."
-    import tarfile, subprocess
-    from rag_lab.config import cache_dir, file_sha256
-    name, sha = MATHJAX_PACKAGE
-    tgz = cache_dir('site') / name
-    if not tgz.exists():
-        r = subprocess.run(['npm', 'pack', name.removesuffix('.tgz').replace('mathjax-', 'mathjax@'), '--silent'],
-                           cwd=tgz.parent, capture_output=True, text=True)
-        if r.returncode or not tgz.exists():
-            raise RuntimeError(f"could not fetch MathJax with `npm pack` ({r.stderr.strip()[-300:]}); put {name} into {tgz.parent}")
-    if file_sha256(tgz) != sha:
-        tgz.unlink(); raise RuntimeError(f"{name} does not have sha256 {sha}: removed, run again to fetch it anew")
-    dest = extra / 'mathjax'   # not under _static: Jupyter Book would load every script found there
-    with tarfile.open(tgz) as t:
-        members = [m for m in t.getmembers() if m.name.startswith('package/es5/') and m.isfile()]
-        for m in members: m.name = m.name.removeprefix('package/es5/')
-        t.extractall(dest, members=members, filter='data')
-    return dest / 'tex-chtml-full.js'
-
-# %% ../nbs/07_report.ipynb #1f3e50e9
-_LINE_BREAKING = re.compile(r'[\x00-\x08\x0a-\x1f\x7f\u2028\u2029]')   # C0 controls (\n, \r, ...), DEL, line separators
-
-def _html_text(v) -> str:
-    "A value as escaped HTML on one source line: line breaks and control characters as character references."
-    return _LINE_BREAKING.sub(lambda m: f'&#{ord(m[0])};', html.escape(str(v)))
-
-def _md_text(v) -> str:
-    "A value as literal Markdown text on one line: every ASCII punctuation mark backslash-escaped."
-    return re.sub(r'([!-/:-@\[-`{-~])', r'\\\1', _LINE_BREAKING.sub(' ', str(v)))
-
-def _blank(v) -> bool:
-    "True for a cell that holds nothing (None, NaN, empty or white space)."
-    return v is None or (isinstance(v, float) and math.isnan(v)) or str(v).strip() == ''
-
-# %% ../nbs/07_report.ipynb #c3e91a57
-def _cell(v) -> str:
-    "A value as escaped HTML on one line (long or multi-line texts in a <pre>, their line breaks kept as &#10;)."
-    if v is None or (isinstance(v, float) and math.isnan(v)): return ''
-    s = _fmt(v) if isinstance(v, (float, np.floating)) else str(v)
-    if len(s) <= 80 and not _LINE_BREAKING.search(s): return _html_text(s)
-    lead = '&#10;' if s[:1] == '\n' else ''   # HTML drops one line break right after <pre>: keep the text's own
-    return f'<pre>{lead}{_html_text(s)}</pre>'
-
-def _logprobs_cell(v) -> str:
-    "`option_logprobs` (a dict, or its JSON) as one 'option: log-probability' line per option; anything else as text."
-    try: d = v if isinstance(v, dict) else json.loads(v) if isinstance(v, str) and v.lstrip().startswith('{') else None
-    except ValueError: d = None
-    if not isinstance(d, dict) or not all(isinstance(x, (int, float)) for x in d.values()): return _cell(v)
-    return '<br>'.join(f'{_html_text(k)}: {_html_text(_fmt(float(x)))}' for k, x in d.items())
-
-def _calls_cell(v) -> str:
-    "Call keys as plain text, one per line (nothing to link them to yet)."
-    return '' if _blank(v) else '<br>'.join(f'<code>{_html_text(k)}</code>' for k in str(v).split())
-
-_ITEM_VIEW = {'confidence': ('confidence', _cell), 'option_logprobs': ('option log-probs', _logprobs_cell),
-              'raw': ('raw output', _cell), 'calls': ('calls', _calls_cell)}   # core columns after system, pred, gold, correct
-
-# %% ../nbs/07_report.ipynb #d5b02f68
-def item_browser(items: pd.DataFrame, # an items_*.csv: ITEM_COLUMNS then any others
-                 title: str, # page title
-                 limit: int = 300, # items shown (the CSV has all of them)
-                ) -> str:
-    "A MyST page: the title, then one raw HTML block (one collapsible table per item) that no data can end or enter."
-    core = [c for c in _ITEM_VIEW if c in items.columns and not items[c].map(_blank).all()]   # a column no row fills is left out
-    extra = [c for c in items.columns if c not in ITEM_COLUMNS]
-    head = ''.join(f'<th>{_html_text(c)}</th>' for c in ['system', 'pred', 'gold', 'correct', *(_ITEM_VIEW[c][0] for c in core), *extra])
-    accuracy = ', '.join(f'{_html_text(s)} {100 * g.correct.astype(bool).mean():.1f}%' for s, g in items.groupby('system', sort=False))
-    lines = [f'<div class="item-browser"><p>{items.item_id.nunique()} items, {items.system.nunique()} systems '
-             f'({", ".join(_html_text(s) for s in items.system.unique())}); accuracy per system: {accuracy}.</p>']
-    for (ds, iid), g in list(items.groupby(['dataset', 'item_id'], sort=False))[:limit]:
-        rows = ''.join(f"<tr><td>{_cell(r['system'])}</td><td>{_cell(r['pred'])}</td><td>{_cell(r['gold'])}</td>"
-                       f"<td>{'✔' if bool(r['correct']) else '✘'}</td>" + ''.join(f'<td>{_ITEM_VIEW[c][1](r[c])}</td>' for c in core)
-                       + ''.join(f'<td>{_cell(r[c])}</td>' for c in extra) + '</tr>' for _, r in g.iterrows())
-        lines.append(f'<details><summary>{_html_text(ds)} / {_html_text(iid)}: {int(g.correct.astype(bool).sum())} of {len(g)} '
-                     f'systems right</summary><table class="items"><tr>{head}</tr>{rows}</table></details>')
-    if items.item_id.nunique() > limit: lines.append(f'<p>(first {limit} items; the CSV has all of them)</p>')
-    lines.append('</div>')
-    # one HTML block: MyST passes it through untouched up to the first blank line, and no line of it is blank
-    if any(not l.strip() or '\n' in l for l in lines): raise AssertionError('item_browser: a line of the raw HTML block is blank or broken')
-    return f'# {_md_text(title)}\n\n' + '\n'.join(lines) + '\n'
-
-# %% ../nbs/07_report.ipynb #ca08ffcf
-_SITE_CONFIG = """title: rag_lab
-author: rag_lab developers
-copyright: '2026'
-only_build_toc_files: true
-execute:
-  execute_notebooks: 'off'
-launch_buttons:
-  notebook_interface: ''
-  thebe: false
-html:
-  use_repository_button: false
-  use_issues_button: false
-  use_edit_page_button: false
-parse:
-  myst_enable_extensions: [dollarmath, amsmath, html_image]
-sphinx:
-  config:
-    # Jupyter Book's list without sphinx_thebe (live code from a CDN; it also declares its script twice), comments, intersphinx
-    extensions: [sphinx_togglebutton, sphinx_copybutton, myst_nb, jupyter_book, sphinx_external_toc, sphinx_design, sphinx_book_theme]
-    mathjax_path: ../mathjax/tex-chtml-full.js
-    html_extra_path: [_extra]
-    html_use_index: false
-    html_favicon: _static/favicon.png
-    nb_ipywidgets_js: {}
-    html_theme_options:
-      default_mode: light
-      use_download_button: false
-      use_fullscreen_button: false
-    html_css_files: [items.css]
-"""
-
-def _toc(parts: dict[str, list[str]]) -> str:
-    "Jupyter Book's _toc.yml: the landing page, then one part per caption."
-    out = 'format: jb-book\nroot: intro\nparts:\n'
-    for caption, files in parts.items():
-        if files: out += f'  - caption: {caption}\n    chapters:\n' + ''.join(f'      - file: {f}\n' for f in files)
-    return out
-
-# %% ../nbs/07_report.ipynb #4dc74865
-def site_sources(root: Path | str | None = None, # output root of the run to publish (default: the repository)
-                 src: Path | str | None = None, # where to write the book's sources (default: <root>/reports/site-src)
-                ) -> Path: # the sources folder
-    "Write the Jupyter Book sources: README, scorecard, executed paper chapters, item browsers, library notebooks."
-    import shutil
-    from rag_lab.config import repo_root
-    root, repo = out_root(root), repo_root()
-    src = Path(src) if src else root / 'reports' / 'site-src'
-    if src.exists(): shutil.rmtree(src)
-    (src / '_static').mkdir(parents=True)
-    (src / '_config.yml').write_text(_SITE_CONFIG)
-    (src / '_static' / 'items.css').write_text('table.items td{vertical-align:top;font-size:0.8em} table.items pre{white-space:pre-wrap;max-width:40em} '
-                                               'table td code, table td code span.pre{white-space:normal;overflow-wrap:anywhere} '
-                                               'table td:first-child code span.pre{white-space:nowrap}\n')  # long paths wrap: no sideways scroll
-    local_mathjax(src / '_extra')
-    import matplotlib.pyplot as plt
-    fig = plt.figure(figsize=(0.32, 0.32)); fig.text(0.5, 0.5, 'R', ha='center', va='center', fontsize=14, weight='bold')
-    fig.savefig(src / '_static' / 'favicon.png', dpi=100); plt.close(fig)
-    from PIL import Image   # pages without an icon link (Jupyter Book's index.html redirect) make browsers ask for /favicon.ico
-    Image.open(src / '_static' / 'favicon.png').save(src / '_extra' / 'favicon.ico')
-    (src / 'intro.md').write_text((repo / 'README.md').read_text())
-    (src / 'scorecard.md').write_text('# Scorecard\n\nComputed from the published CSVs of this run (`reports/<slug>/*.csv`).\n\n'
-                                      + html.escape(scorecard_text(root), quote=False).replace('## Scorecard', ''))
-    parts = {'Results': ['scorecard'], 'Per-item outputs': [], 'Library': []}
-    for slug, p in CHAPTERS.items():
-        executed = root / 'reports' / 'executed' / p.notebook
-        if not executed.exists(): continue   # no published run of this chapter: nothing to show
-        (src / 'papers').mkdir(exist_ok=True); shutil.copy2(executed, src / 'papers' / p.notebook)
-        parts['Results'].append(f'papers/{Path(p.notebook).stem}')
-        for csv in sorted((root / 'reports' / slug).glob('items_*.csv')):
-            (src / 'items').mkdir(exist_ok=True)
-            page = f'items/{slug}-{csv.stem.removeprefix("items_")}'
-            (src / f'{page}.md').write_text(item_browser(pd.read_csv(csv, dtype={'item_id': str}), f'{slug}: {csv.stem}'))
-            parts['Per-item outputs'].append(page)
-    (src / 'library').mkdir()
-    lib = sorted(repo.glob('nbs/0*.ipynb')) + [repo / 'nbs' / m for p in PAPERS.values() for m in p.method]
-    for nb in lib:
-        shutil.copy2(nb, src / 'library' / nb.name); parts['Library'].append(f'library/{nb.stem}')
-    (src / '_toc.yml').write_text(_toc(parts))
-    return src
-
-# %% ../nbs/07_report.ipynb #0275fa7c
-def jupyter_book(src: Path | str, # a Jupyter Book's sources (_config.yml, _toc.yml, pages)
-                 out: Path | str, # where the build goes: the HTML lands in <out>/_build/html
-                ) -> Path: # the book's index.html
-    "Build a Jupyter Book 1.x (offline, as `rag-lab site` does); raises with the builder's own message when it fails."
-    import subprocess, sys, shutil
-    out = Path(out)
-    if out.exists(): shutil.rmtree(out)
-    jb = Path(sys.executable).parent / 'jupyter-book'
-    r = subprocess.run([str(jb), 'build', str(src), '--path-output', str(out), '--quiet', '--keep-going'],
-                       capture_output=True, text=True)
-    index = out / '_build' / 'html' / 'index.html'
-    if r.returncode or not index.exists(): raise RuntimeError(f"jupyter-book failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-    for page in index.parent.rglob('*.html'):  # the theme logs a console error on a first visit (no stored mode); start at its default
-        t = page.read_text(encoding='utf-8')
-        if 'localStorage.getItem("mode") || ""' in t: page.write_text(t.replace('localStorage.getItem("mode") || ""', 'localStorage.getItem("mode") || "auto"'), encoding='utf-8')
-    return index
-
-# %% ../nbs/07_report.ipynb #e7a4c219
-def build_site(root: Path | str | None = None, # output root of the run to publish (default: the repository)
-               out: Path | str | None = None, # where the HTML goes (default: <root>/reports/site)
-              ) -> Path: # the site's index.html
-    "Build the website of a run with Jupyter Book 1.x (offline); raises with the builder's own message when it fails."
-    root = out_root(root)
-    return jupyter_book(site_sources(root), Path(out) if out else root / 'reports' / 'site')
+    show = sc.assign(within=[f'{a} / {b}' for a, b in zip(sc.within_5pct, sc.within_10pct)],   # one column: the table fits a page
+                     ok_close_off=sc.ok_close_off.str.replace('/', ' / '),
+                     median_rel_error=[f'{x:.1%}' if x == x else '' for x in sc.median_rel_error],
+                     median_n=[f'{x:.0f}' if x == x else '' for x in sc.median_n],
+                     paper=[f'[{s}]({links[s]})' if links and s in links else s for s in sc.paper])
+    shared = [f'profile {show.profile.iloc[0]}' if show.profile.nunique() == 1 else '',   # said once: the table stays narrow
+              'model ' + '; '.join(f"{'none' if m == '-' else m} ({', '.join(g.paper)})" if show.model.nunique() > 1 else m
+                                    for m, g in sc.groupby('model', sort=False))]
+    cols = [c for c in SCORECARD_HEADERS if c in show] + (['profile'] if show.profile.nunique() > 1 else [])
+    return (f"## Scorecard\n\n{'; '.join(filter(None, shared))}. Cells are the paper's numbers this run also computed.\n\n"
+            + markdown_table(show[cols].rename(columns=SCORECARD_HEADERS)))

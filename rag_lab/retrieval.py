@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
-from .config import atomic_write_bytes, cache_dir, quiet_loading
+from .config import atomic_write_bytes, cache_dir, quiet_loading, timed_stage
 from .text import Corpus, TOKEN_PATTERN, jaccard, tokenize
 from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['Run', 'BM25_METHODS', 'FEATURE_NAMES', 'as_queries', 'top_k', 'BM25Index', 'RankBM25Index', 'same_rankings', 'Vocab',
-           'ContrastiveDualEncoder', 'minilm_path', 'SentenceTransformerEncoder', 'checkpoint_source', 'FlagEncoder',
-           'cached_encode', 'DenseIndex', 'rrf', 'Reranker', 'fit_tfidf', 'FeatureReranker', 'CrossEncoderReranker',
-           'EmbeddingReranker', 'make_reranker', 'IndexReranker']
+           'ContrastiveDualEncoder', 'equal_length_batches', 'minilm_path', 'SentenceTransformerEncoder',
+           'checkpoint_source', 'FlagEncoder', 'cached_encode', 'DenseIndex', 'rrf', 'Reranker', 'fit_tfidf',
+           'FeatureReranker', 'CrossEncoderReranker', 'EmbeddingReranker', 'make_reranker', 'IndexReranker']
 
 # %% ../nbs/05_retrieval.ipynb #cc9e9675
 Run = dict[str, dict[str, float]]
@@ -201,6 +201,7 @@ class ContrastiveDualEncoder:
         flat = torch.tensor([i for x in ids for i in x], dtype=torch.long)
         return torch.nn.functional.normalize(self.emb(flat, offsets), dim=-1)  # empty bag -> zero vector
 
+    @timed_stage('training')
     def fit(self, queries: Sequence[str], docs: Sequence[str], # positive pairs, aligned
             epochs: int = 40, batch_size: int = 128, lr: float = 2e-3) -> 'ContrastiveDualEncoder':
         "Train on aligned (query, positive document) pairs; records the mean loss per epoch in `history`."
@@ -220,12 +221,23 @@ class ContrastiveDualEncoder:
         self.emb.eval()
         return self
 
+    @timed_stage('encoding')
     def encode(self, texts: Sequence[str], is_query: bool = False) -> np.ndarray:
         "L2-normalised embeddings (queries truncated to 64 tokens, documents to 256)."
         import torch
         with torch.no_grad():
             out = [self._embed(texts[s:s + 4096], self.qlen if is_query else self.dlen) for s in range(0, len(texts), 4096)]
         return torch.cat(out).numpy().astype(np.float32) if out else np.zeros((0, self.dim), np.float32)
+
+# %% ../nbs/05_retrieval.ipynb #e0b1a7c2
+def equal_length_batches(lengths: Sequence[int], # token count of each text
+                         batch_size: int, # most texts per batch
+                        ) -> list[list[int]]: # positions of the texts, one list per batch, every list of one length
+    "Positions grouped into batches of texts of equal token count (shortest first): no batch needs padding."
+    if batch_size < 1: raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    groups: dict[int, list[int]] = {}
+    for i, n in enumerate(lengths): groups.setdefault(int(n), []).append(i)
+    return [g[s:s + batch_size] for n in sorted(groups) for g in [groups[n]] for s in range(0, len(g), batch_size)]
 
 # %% ../nbs/05_retrieval.ipynb #cbc1f794
 def minilm_path() -> Path:
@@ -237,7 +249,7 @@ def minilm_path() -> Path:
     return p
 
 class SentenceTransformerEncoder:
-    "A sentence-transformers bi-encoder (default: the embedded all-MiniLM-L6-v2)."
+    "A sentence-transformers bi-encoder (default: the embedded all-MiniLM-L6-v2); a text's embedding never depends on its batch."
     def __init__(self, model: str | Path | None = None, # path or hub id; None = embedded MiniLM
                  batch_size: int = 64, max_seq_length: int | None = 256,
                  query_prefix: str = '', doc_prefix: str = ''):
@@ -248,11 +260,21 @@ class SentenceTransformerEncoder:
         # the name keys the embedding cache, so it carries the truncation length
         self.name = f"{'all-MiniLM-L6-v2' if model is None else Path(str(model)).name}-L{self.model.max_seq_length}"
         self.batch_size, self.query_prefix, self.doc_prefix = batch_size, query_prefix, doc_prefix
+        dim = getattr(self.model, 'get_embedding_dimension', None) or self.model.get_sentence_embedding_dimension   # renamed in 5.x
+        self.dim = dim()
 
+    @timed_stage('encoding')
     def encode(self, texts: Sequence[str], is_query: bool = False) -> np.ndarray:
+        "L2-normalised float32 rows, encoded in batches of equal token count (each row as if its text were encoded alone)."
         pre = self.query_prefix if is_query else self.doc_prefix
-        return self.model.encode([pre + t for t in texts], batch_size=self.batch_size, normalize_embeddings=True,
-                                 convert_to_numpy=True, show_progress_bar=False).astype(np.float32)
+        texts = [pre + t for t in texts]
+        out = np.zeros((len(texts), self.dim), np.float32)
+        if not texts: return out
+        lengths = self.model.preprocess(texts)['attention_mask'].sum(1).tolist()   # tokens after truncation
+        for b in equal_length_batches(lengths, self.batch_size):
+            out[b] = self.model.encode([texts[i] for i in b], batch_size=len(b), normalize_embeddings=True,
+                                       convert_to_numpy=True, show_progress_bar=False)
+        return out
 
 # %% ../nbs/05_retrieval.ipynb #a1c0f3e2
 def checkpoint_source(model: str | Path, # a checkpoint folder, or a hub id such as 'BAAI/bge-reranker-v2-m3'
@@ -294,6 +316,7 @@ class FlagEncoder:
                                    pooling_method='cls', normalize_embeddings=True)
         self.dim = self.model.model.config.hidden_size
 
+    @timed_stage('encoding')
     def encode(self, texts: Sequence[str], is_query: bool = False) -> np.ndarray:
         if not len(texts): return np.zeros((0, self.dim), np.float32)   # FlagModel cannot pad an empty batch
         fn = self.model.encode_queries if is_query else self.model.encode_corpus
@@ -303,26 +326,61 @@ class FlagEncoder:
 def cached_encode(encoder, # anything with `name` and `encode(texts, is_query)`
                   texts: Sequence[str], is_query: bool = False,
                   cache: bool = True, # False: always recompute (e.g. freshly trained models)
-                 ) -> np.ndarray:
-    "Embeddings of `texts`, read from / written to `cache_dir('embeddings')` when `cache`."
-    if not cache: return encoder.encode(list(texts), is_query=is_query)
-    h = hashlib.sha256(f"{encoder.name}|{is_query}|".encode())
-    for t in texts: h.update(t.encode()); h.update(b'\x00')
-    p = cache_dir('embeddings') / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', encoder.name)}-{h.hexdigest()[:24]}.npy"
-    if p.exists(): return np.load(p)
-    emb = encoder.encode(list(texts), is_query=is_query)
-    buf = io.BytesIO(); np.save(buf, emb)
-    atomic_write_bytes(p, buf.getvalue())   # two runs encoding the same texts at once each write a whole file
-    return emb
+                 ) -> np.ndarray: # one row per text, in the order given
+    "Embeddings of `texts`; with `cache`, each text's row is read from / written to its own file under `cache_dir('embeddings')`."
+    texts = list(texts)
+    if not cache: return encoder.encode(texts, is_query=is_query)
+    folder = cache_dir('embeddings', re.sub(r'[^A-Za-z0-9_.-]', '_', encoder.name))
+    path = lambda t: folder / f"{'q' if is_query else 'd'}-{hashlib.sha256(t.encode()).hexdigest()}.npy"
+    got = {t: np.load(path(t)) for t in dict.fromkeys(texts) if path(t).exists()}
+    todo = [t for t in dict.fromkeys(texts) if t not in got]
+    if todo or not texts:
+        emb = encoder.encode(todo, is_query=is_query)
+        for t, e in zip(todo, emb):
+            buf = io.BytesIO(); np.save(buf, e)
+            atomic_write_bytes(path(t), buf.getvalue())   # two runs encoding the same text at once each write a whole file
+            got[t] = e
+        if not texts: return emb
+    return np.stack([got[t] for t in texts])
 
+# %% ../nbs/05_retrieval.ipynb #11fc1570
 class DenseIndex:
-    "Exact dot-product search over L2-normalised document embeddings."
+    "Exact dot-product search over L2-normalised document embeddings, each document encoded when first needed."
     def __init__(self, corpus: Corpus, encoder, # documents; an encoder with `name` and `encode`
-                 cache: bool = True, # cache document embeddings on disk
+                 cache: bool = True, # cache document embeddings on disk (one file per text) and encode lazily
                 ):
         if len(corpus) == 0: raise ValueError(f"cannot index the empty corpus {corpus.name!r}")
         self.corpus, self.encoder, self.cache = corpus, encoder, cache
-        self.doc_emb = cached_encode(encoder, corpus.texts(), is_query=False, cache=cache)
+        self._texts = corpus.texts()
+        self._done = np.zeros(len(corpus), bool)   # which rows of _emb hold an embedding
+        self._emb: np.ndarray | None = None
+        if not cache: self._encode(range(len(corpus)))   # an uncached (freshly trained) encoder: the whole corpus now, in one call
+
+    @property
+    def n_encoded(self) -> int:
+        "How many documents have been encoded so far."
+        return int(self._done.sum())
+
+    def _encode(self, positions: Iterable[int]) -> None:
+        todo = sorted({int(p) for p in positions if not self._done[p]})
+        if not todo: return
+        emb = cached_encode(self.encoder, [self._texts[p] for p in todo], is_query=False, cache=self.cache)
+        if self._emb is None: self._emb = np.zeros((len(self.corpus), emb.shape[1]), emb.dtype)
+        self._emb[todo] = emb; self._done[todo] = True
+
+    def embeddings(self, doc_ids: Sequence[str], # documents of the corpus
+                  ) -> np.ndarray: # their embeddings, one row each, in the order given
+        "Embeddings of some documents, encoding only those not encoded yet."
+        pos = [self.corpus.position(d) for d in doc_ids]
+        if not pos: return np.zeros((0, 0 if self._emb is None else self._emb.shape[1]), np.float32)
+        self._encode(pos)
+        return self._emb[pos]
+
+    @property
+    def doc_emb(self) -> np.ndarray:
+        "Every document's embedding, in corpus order (encodes the documents not encoded yet)."
+        self._encode(range(len(self.corpus)))
+        return self._emb
 
     def search(self, queries: Mapping[str, str] | Sequence[str], k: int = 200) -> Run:
         "Top-`k` documents per query by dot product, best first (ties: lower corpus position first)."
@@ -406,6 +464,7 @@ class FeatureReranker(Reranker):
         dl = [len(self.bm25.doc_tokens[p]) for p in pos]
         return np.column_stack([bm, cos, jac, dl, np.full(len(pos), len(qt))]).astype(float)
 
+    @timed_stage('training')
     def fit(self, queries: Mapping[str, str], # training queries {qid: text}
             qrels: Mapping[str, Iterable[str]], # {qid: relevant doc ids}
             candidates: Run, # e.g. BM25 top-100 of the training queries
@@ -503,7 +562,7 @@ def make_reranker(kind: str, # 'minilm' (embedded bi-encoder) or 'bge' (BGE cros
 
 # %% ../nbs/05_retrieval.ipynb #cf49db9d
 class IndexReranker(Reranker):
-    "Rerank by cosine similarity between a query and cached document embeddings of a `DenseIndex` (one scale for all corpora)."
+    "Rerank by cosine similarity between a query and the document embeddings of a `DenseIndex` (one scale for all corpora)."
     def __init__(self, dense: DenseIndex):
         self.dense, self.query_cache = dense, {}  # query text -> embedding (queries recur across strategies)
 
@@ -514,5 +573,4 @@ class IndexReranker(Reranker):
 
     def score(self, query: str, doc_ids: Sequence[str]) -> np.ndarray:
         if not doc_ids: return np.zeros(0)
-        pos = [self.dense.corpus.position(d) for d in doc_ids]
-        return self.dense.doc_emb[pos] @ self.embed(query)
+        return self.dense.embeddings(doc_ids) @ self.embed(query)

@@ -11,21 +11,22 @@ from pathlib import Path
 from typing import IO, Mapping, Sequence
 from . import __version__
 from dataclasses import replace
-from .config import PROFILES, RunContext, parse_param, check_params, repo_root, out_root, run_context, scratch_root, atomic_write_text
+from .config import SMOKE_LLM, PROFILES, REPLAYS, RunContext, parse_param, check_params, repo_root, out_root, run_context, scratch_root, atomic_write_text
 from .papers import CHAPTERS, PAPERS
 from .calls import CacheError, RecordsError, clock
-from .report import write_index, scorecard_text, ci_text, markdown_table, table_value
+from .report import scorecard_text, markdown_table
+from .pages import VERDICTS_BEGIN, VERDICTS_END, readme_with_verdicts, update_readme_verdicts, verdict_markdown, write_index, write_reader_notebook
 import numpy as np, pandas as pd
 
 # %% auto #0
-__all__ = ['KERNEL_HASHSEED', 'STAGING_OWNER', 'LEGACY_STAGING_AGE', 'RECORDED_PROFILES', 'FRESH_ESTIMATE', 'RUN_META_KEYS',
-           'WHY_MAX_CHARS', 'VERDICT_COLUMNS', 'VERDICTS_BEGIN', 'VERDICTS_END', 'UsageError', 'notebook_parameters',
-           'plan_run', 'check_out_root', 'check_records_writable', 'destination', 'output_lock', 'clean_stale_staging',
-           'executed_copy', 'progress_line', 'run_notebook', 'fresh_estimate', 'longest_first', 'read_run_meta',
-           'published_problems', 'write_summaries', 'note_verdict', 'verdict_table', 'verdict_markdown',
-           'readme_with_verdicts', 'update_readme_verdicts', 'refresh_readme', 'readme_command', 'reproduce',
-           'site_command', 'records_table', 'nominal_seconds', 'fresh_seconds', 'estimate_fresh_compute', 'lanes_wall',
-           'save_fresh_estimate', 'records_command', 'list_command', 'params_command', 'main']
+__all__ = ['KERNEL_HASHSEED', 'STAGING_OWNER', 'LEGACY_STAGING_AGE', 'RECORDED_PROFILES', 'FRESH_ESTIMATE', 'FRESH_LIMIT_SECONDS',
+           'RUN_META_KEYS', 'UsageError', 'notebook_parameters', 'plan_run', 'check_out_root', 'check_records_writable',
+           'destination', 'output_lock', 'clean_stale_staging', 'executed_copy', 'progress_line', 'run_notebook',
+           'fresh_estimate', 'longest_first', 'fresh_plan', 'fresh_budgets', 'scratch_env', 'read_run_meta',
+           'published_problems', 'write_summaries', 'refresh_readme', 'readme_command', 'reproduce', 'site_command',
+           'records_table', 'nominal_seconds', 'fresh_seconds', 'estimate_fresh_compute', 'lanes_wall',
+           'save_fresh_estimate', 'records_command', 'server_check_failures', 'check_server_command', 'list_command',
+           'params_command', 'main']
 
 # %% ../nbs/08_runner.ipynb #4fae61f3
 class UsageError(ValueError):
@@ -126,7 +127,7 @@ def destination(profile: str, # the run's profile
     if out is not None and publish: raise UsageError("--out and --publish exclude each other: --publish means the repository")
     if out is not None: return out, False
     if publish or (profile == 'default' and not params and notebooks is None): return None, True
-    return str(scratch_root(profile)), False
+    return str(scratch_root(profile, overrides=params)), False   # named by what makes it differ from the published run
 
 # %% ../nbs/08_runner.ipynb #f4f4f2ec
 @contextmanager
@@ -270,6 +271,9 @@ def run_notebook(slug: str, # paper slug
         if status == 'ok':
             for kind in ('reports', 'figures'):
                 if (staging / kind / slug).exists(): _replace_dir(staging / kind / slug, out / kind / slug)
+        if status == 'ok' and executed.exists():
+            try: write_reader_notebook(executed, slug, out)   # findings first, plumbing folded, table digests (07b_pages)
+            except Exception as e: print(f"rag-lab: {slug}: executed chapter kept as papermill wrote it ({type(e).__name__}: {e})", file=sys.stderr)
         if executed.exists():
             dest = executed_copy(out, slug, status == 'ok')
             dest.parent.mkdir(parents=True, exist_ok=True); executed.replace(dest)
@@ -293,13 +297,16 @@ def _parser() -> argparse.ArgumentParser:
                    'slug.name=value wins over name=value whatever their order, and one name given twice with different '
                    'values is refused. Numbers strictly: an integer parameter takes 3, not 3.0 or true; a float one 0.5 or 1')
     r.add_argument('--out', help='write reports/ and figures/ under this folder (default: the repository for the '
-                   'default profile without -p, else a new scratch folder runs/<date>-<time>-<profile>/)')
+                   'default profile without -p, else a new scratch folder runs/<date>-<time>-<profile>[-<overrides>]/)')
     r.add_argument('--publish', action='store_true', help='write into the repository\'s reports/ and figures/ even '
                    'for another profile or with -p (replaces the committed results)')
     r.add_argument('--jobs', type=int, default=1, help='notebooks run at a time (default 1)')
     r.add_argument('--wait', action='store_true', help='wait for another reproduce writing to the same folder')
     r.add_argument('--fresh', action='store_true', help='recompute every LLM call instead of replaying records '
                    '(resumable: calls already computed on this machine are reused); report calls that differ from their record')
+    r.add_argument('--allow-fresh', action='store_true', help='let the run compute LLM calls its records do not hold when '
+                   'the estimate says that takes more than a few minutes (without it such a run stops before it starts, '
+                   'and a replay stops at the first call it would compute beyond its budget)')
     r.add_argument('--record', action='store_true', help='write the LLM calls into records/ (always on for the default profile)')
     r.add_argument('--notebooks', help='folder with the paper notebooks (default: the repository nbs/)')
     r.add_argument('--no-progress', action='store_true', help='no progress lines while notebooks run')
@@ -322,6 +329,15 @@ def _parser() -> argparse.ArgumentParser:
     rc.add_argument('--profile', default='default', help='budget: whose records (default: default)')
     rc.add_argument('--save', action='store_true', help='budget: write each estimate beside its records (fresh_estimate.json); '
                     '`reproduce --jobs N` then starts the longest-estimated chapters first')
+    cs = sub.add_parser('check-server', help="recompute recorded calls of a GGUF model through llama.cpp's server and compare")
+    cs.add_argument('--model', default=SMOKE_LLM['model'], help='the model whose records are recomputed: an embedded model '
+                    f"name or a .gguf path (default: {SMOKE_LLM['model']})")
+    cs.add_argument('--base-url', help="a running llama-server serving that model (default: start one on 127.0.0.1, "
+                    "built by `make llama-server`)")
+    cs.add_argument('--alias', default='local', help='the model name the server answers to (default: local)')
+    cs.add_argument('--sample', type=int, default=20, help='records to recompute (default 20)')
+    cs.add_argument('--seed', type=int, default=0, help='which random sample')
+    cs.add_argument('--tol', type=float, default=1e-3, help='largest log-probability difference accepted, in nats (default 1e-3)')
     return ap
 
 # %% ../nbs/08_runner.ipynb #d3077800
@@ -349,6 +365,76 @@ def longest_first(slugs: list[str], # chapters that may run side by side
         return sum(r['value'].get('seconds') or 0 for r in recs.read_folder(s, profile).values())
     return sorted(slugs, key=lambda s: -seconds(s))
 
+# %% ../nbs/08_runner.ipynb #b92ab4b6
+FRESH_LIMIT_SECONDS = 300.0   # fresh compute a run may start without --allow-fresh (a few minutes)
+
+def _counts_only(run: dict, base: dict) -> bool:
+    "True when `run`'s parameters differ from `base`'s only by item counts (n, n_*) no larger than `base`'s."
+    for k, v in run.items():
+        if k == 'profile' or v == base.get(k): continue
+        b = base.get(k)   # None: every item, so any count is fewer
+        if not (re.fullmatch(r'n(_\w+)?', k) and isinstance(v, int) and (b is None or isinstance(b, int) and v <= b)): return False
+    return True
+
+# %% ../nbs/08_runner.ipynb #1cd07aac
+def fresh_plan(plan: dict[str, dict], # `plan_run`'s {slug: parameters}
+               profile: str, # the run's profile
+               fresh: bool = False, # --fresh: every call recomputed
+              ) -> pd.DataFrame: # slug, llm, replays, hours (NaN: unknown), why
+    "Each chapter's expected fresh LLM compute: 0 for a replay of recorded parameters, else its measured estimate scaled by n."
+    from rag_lab.calls import call_records
+    from rag_lab.config import LLMParams, resolve_params
+    rows = []
+    for slug, over in plan.items():
+        run = resolve_params(slug, profile, **over)
+        if not isinstance(run, LLMParams): rows.append(dict(slug=slug, llm=False, replays='', hours=0.0, why='no LLM')); continue
+        src = REPLAYS.get(profile)
+        base = resolve_params(slug, src).model_dump() if src else None
+        if not fresh and base is not None and _counts_only(run.model_dump(), base):
+            rows.append(dict(slug=slug, llm=True, replays=src, hours=0.0, why=f'replays the {src} records')); continue
+        est = fresh_estimate(call_records().folder(slug, src)) if src else None   # measured (`records budget --save`)
+        if src and est is None:   # no measured estimate: what the recorded calls took when they were made
+            est = sum(r['value'].get('seconds') or 0 for r in call_records().read_folder(slug, src).values()) / 3600
+        scale = min(1.0, run.n / base['n']) if est is not None and base and run.n and base.get('n') else 1.0
+        why = '--fresh' if fresh else f'parameters the {src} records do not cover' if src else f'the {profile} profile has no records'
+        rows.append(dict(slug=slug, llm=True, replays='', hours=est * scale if est is not None else float('nan'), why=why))
+    return pd.DataFrame(rows, columns=['slug', 'llm', 'replays', 'hours', 'why'])
+
+# %% ../nbs/08_runner.ipynb #d820402c
+def fresh_budgets(plan: dict[str, dict], # `plan_run`'s {slug: parameters}
+                  profile: str, fresh: bool = False,
+                  allow: bool = False, # --allow-fresh (or --record): compute whatever the run needs
+                 ) -> dict[str, dict[str, str]]: # slug -> the kernel's RAG_LAB_FRESH_BUDGET ({} = no limit)
+    "Print the fresh-compute estimate of a run that may compute calls; a `UsageError` above `FRESH_LIMIT_SECONDS` without `allow`."
+    fp = fresh_plan(plan, profile, fresh)
+    fp = fp[fp.llm]
+    costly = fp[~(fp.hours * 3600 <= FRESH_LIMIT_SECONDS)] if profile != 'smoke' else fp[:0]   # NaN (unknown) is costly; the smoke model never
+    if len(fp) and (fp.replays == '').any():
+        lines = [f"  {r.slug}: {'unknown (no estimate)' if r.hours != r.hours else f'≈ {r.hours:.1f} h'} of fresh LLM calls ({r.why})"
+                 for r in fp[fp.replays == ''].itertuples()]
+        print('fresh compute this run may start (measured estimates, `rag-lab records budget`):\n' + '\n'.join(lines), flush=True)
+    if len(costly) and not allow:
+        raise UsageError(f"this run would compute LLM calls afresh for {', '.join(costly.slug)} (estimate above), more than "
+                         f"{FRESH_LIMIT_SECONDS / 60:.0f} min; add --allow-fresh to start it, or choose parameters the records "
+                         f"cover (fewer items of a recorded profile, e.g. --profile class)")
+    if allow or fresh or profile == 'smoke': return {s: {} for s in plan}   # smoke: the cheap model, made for trying changes
+    replay = dict(zip(fp.slug, fp.replays))
+    return {s: {'RAG_LAB_FRESH_BUDGET': '0' if profile == 'class' else str(FRESH_LIMIT_SECONDS)} if s in replay else {} for s in plan}
+
+# %% ../nbs/08_runner.ipynb #8c0f58c3
+def scratch_env(slug: str, profile: str, # the chapter and the run's profile
+                overrides: dict, # its -p values (parsed)
+                published: bool, # the run writes the published results: no banner
+               ) -> dict[str, str]: # {'RAG_LAB_BANNER': ...} for a scratch run, else {}
+    "The kernel variable that labels a scratch run's tables and figures with what differs from the published run."
+    if published: return {}
+    from rag_lab.config import resolve_params
+    from rag_lab.report import scratch_banner
+    meta = repo_root() / 'reports' / slug / 'run_meta.json'
+    try: pub = json.loads(meta.read_text()).get('params', {}) if meta.exists() else {}
+    except (OSError, ValueError): pub = {}   # an unreadable published record: the banner says less, the run still goes
+    return {'RAG_LAB_BANNER': scratch_banner(resolve_params(slug, profile, **overrides).model_dump(), pub)}
+
 # %% ../nbs/08_runner.ipynb #3af77fb9
 def _kernel_threads(jobs: int) -> str | None:
     "llama.cpp threads per kernel when `jobs` notebooks share the machine (None: leave `default_threads` to decide)."
@@ -356,19 +442,21 @@ def _kernel_threads(jobs: int) -> str | None:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
     return str(max(1, cores // jobs))
 
-def _run_all(plan: dict[str, dict], profile: str, nbs_dir: Path, root: Path, progress: bool, env: dict, jobs: int) -> dict[str, str]:
+def _run_all(plan: dict[str, dict], profile: str, nbs_dir: Path, root: Path, progress: bool, env: dict, jobs: int,
+             envs: dict[str, dict] | None = None, # per chapter: more kernel variables (its fresh budget, scratch banner)
+            ) -> dict[str, str]:
     "Run every planned notebook (`jobs` at a time), printing a line as each starts and ends; slug -> status."
     if (threads := _kernel_threads(jobs)): env = {**env, 'RAG_LAB_LLM_THREADS': threads}   # else the user's $RAG_LAB_LLM_THREADS, if any, stays
     def one(i_slug):
         i, (slug, p) = i_slug
         print(f"[{i}/{len(plan)}] {slug} ({profile})", flush=True)
         t = time.time()
-        st = run_notebook(slug, {'profile': profile, **p}, nbs_dir, root, progress, env)
+        st = run_notebook(slug, {'profile': profile, **p}, nbs_dir, root, progress, {**env, **(envs or {}).get(slug, {})})
         print(f"{'OK    ' if st == 'ok' else 'FAILED'} {slug} ({time.time() - t:.0f} s)"
               + ('' if st == 'ok' else f": {st}") + _calls_note(root, slug, st), flush=True)
         return slug, st
     first, last = [s for s in plan if not CHAPTERS[s].needs], [s for s in plan if CHAPTERS[s].needs]  # reads others' outputs: last
-    if jobs > 1: first = longest_first(first, profile)
+    if jobs > 1: first = longest_first(first, REPLAYS.get(profile, profile))   # weighed by the records it replays
     numbered = {s: i for i, s in enumerate(first + last, 1)}
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         status = dict(pool.map(one, [(numbered[s], (s, plan[s])) for s in first]))
@@ -413,106 +501,6 @@ def write_summaries(root: Path, # the run's output root
         print(f"rag-lab: warning: {root / 'reports' / 'index.md'} and the scorecard not written: {why}", file=sys.stderr)
         return 'not written', ''
 
-# %% ../nbs/08_runner.ipynb #3b9d2f40
-WHY_MAX_CHARS = 120   # a longer explanation is cut to the clause that explains the verdict
-_RESTATED = re.compile(r'^[+\-−]?\d[\d.]*(?: points)?, 95% CI \[[^\]]*\](?:, )?')   # the value and its CI: columns of their own
-_N = re.compile(r'(?:, )?\bn = \d+\b')   # so is n
-_EXPLAINS = re.compile(r'\binterval\b|threshold|too few')   # the reasons `metrics.prior_verdict` gives
-
-def note_verdict(note: str | None, # a comparison row's note: '<verdict>: <value>, 95% CI [..], McNemar p = .., n = ..; <more>'
-                ) -> tuple[str, str]: # (verdict, why)
-    "A comparison's note split into its verdict (the text before the first ':') and why, shortened when it is long."
-    note = '' if note is None or (isinstance(note, float) and math.isnan(note)) else str(note).strip()
-    verdict, _, rest = note.partition(':')
-    clauses = [c.strip() for c in rest.split(';') if not c.strip().startswith('paper:')]  # the paper column shows its value
-    if clauses: clauses[0] = _RESTATED.sub('', clauses[0])
-    clauses = [re.sub(r'(?<![\w.])-(?=\d)', '−', c)   # minus signs as `ci_text` writes them
-               for c in (_N.sub('', c).strip(' ,') for c in clauses) if c]
-    why = '; '.join(clauses)
-    if len(why) > WHY_MAX_CHARS: why = next((c for c in clauses if _EXPLAINS.search(c)), clauses[0])
-    return verdict.strip(), why
-
-# %% ../nbs/08_runner.ipynb #7a4c6e95
-VERDICT_COLUMNS = ['chapter', 'claim', 'metric', 'ours [95% CI]', 'n', 'verdict', 'why', 'paper']
-
-def _claim_line(t: pd.DataFrame, # the claim's table, as read from its CSV
-                slug: str, table: str, row: str, metric: str, # the claim
-               ) -> dict: # one line of `verdict_table`
-    "One claim's line; an error naming chapter, table, row and metric when its table has no such row (or more than one)."
-    found = int(((t.row == row) & (t.metric == metric)).sum())
-    if found != 1: raise ValueError(f"{slug}: {table}.csv has {'no' if not found else found} row(s) {row!r} with metric {metric!r}, a claim "
-                                    f"the README quotes (`claims` in rag_lab.papers): restore the row or update the claim")
-    cell = lambda col: table_value(t, row, metric, col) if col in t else float('nan')   # a column the table lacks: empty
-    value, lo, hi, n, paper = (cell(c) for c in ('ours', 'ci_low', 'ci_high', 'n', 'paper'))
-    digits = 3 if re.search(r'F1|MCC|log', metric) else 2 if 'AUROC' in metric else 1   # points and % at 1 decimal
-    signed = metric.startswith('Δ')
-    num = lambda x: f"{x:{'+' if signed else ''}.{digits}f}".replace('-', '−')   # as `ci_text` writes it
-    ours = ci_text(value, lo, hi, digits, signed) if pd.notna(lo) and pd.notna(hi) else '—' if pd.isna(value) else num(value)
-    verdict, why = note_verdict(cell('note'))
-    return {'chapter': slug, 'claim': row, 'metric': metric, 'ours [95% CI]': ours, 'n': int(n) if pd.notna(n) else '',
-            'verdict': verdict, 'why': why, 'paper': '' if pd.isna(paper) else num(paper)}
-
-# %% ../nbs/08_runner.ipynb #9c1f3b57
-def verdict_table(root: Path | str | None = None, # output root holding reports/ (default: the repository)
-                  claims: Mapping[str, Sequence[tuple[str, str, str]]] | None = None, # slug -> its claims; None: the registry's
-                 ) -> pd.DataFrame: # VERDICT_COLUMNS: one line per claim of every chapter with published outputs
-    "The headline comparisons the README quotes, read from the published tables (chapters in registry order)."
-    root = out_root(root)
-    claims = {s: p.claims for s, p in CHAPTERS.items()} if claims is None else claims
-    lines = []
-    for slug, declared in claims.items():
-        rdir = root / 'reports' / slug
-        tables_there = any(not p.name.startswith('items_') for p in rdir.glob('*.csv'))   # as the scorecard counts them
-        if not declared or not (rdir / 'run_meta.json').exists() or not tables_there: continue   # nothing published here
-        tables: dict[str, pd.DataFrame] = {}
-        for table, row, metric in declared:
-            if table not in tables:
-                p = rdir / f'{table}.csv'
-                if not p.exists(): raise ValueError(f"{slug}: {p} does not exist, but the README quotes its row {row!r} ({metric!r})")
-                tables[table] = pd.read_csv(p, dtype={'row': str, 'metric': str, 'note': str})
-            lines.append(_claim_line(tables[table], slug, table, row, metric))
-    return pd.DataFrame(lines, columns=VERDICT_COLUMNS)
-
-# %% ../nbs/08_runner.ipynb #b2e85d06
-def verdict_markdown(root: Path | str | None = None, # output root holding reports/ (default: the repository)
-                     claims: Mapping[str, Sequence[tuple[str, str, str]]] | None = None, # slug -> its claims; None: the registry's
-                    ) -> str:
-    "`verdict_table` as a markdown table, one line per claim, chapters as `slug`: the README's block between its verdict markers."
-    t = verdict_table(root, claims)
-    if not len(t): return 'No published headline comparisons yet.\n'
-    return markdown_table(pd.DataFrame({   # six columns: the README's page is narrow
-        'chapter': [f'`{s}`' for s in t.chapter], 'claim (metric)': [f'{c} ({m})' for c, m in zip(t.claim, t.metric)],
-        'ours [95% CI]': t['ours [95% CI]'], 'n': t.n,
-        'verdict: why': [f'{v}: {w}' if w else v for v, w in zip(t.verdict, t.why)], 'paper': t.paper}))
-
-# %% ../nbs/08_runner.ipynb #6b3f0d85
-VERDICTS_BEGIN = '<!-- verdicts:begin (generated by rag-lab from reports/*/; do not edit) -->'
-VERDICTS_END = '<!-- verdicts:end -->'
-
-def readme_with_verdicts(text: str, # a README holding the two markers, each once, begin before end
-                         table: str, # what goes between them (`verdict_markdown`)
-                         name: str = 'the README', # for the error
-                        ) -> str: # the README with only its verdict block replaced
-    "The README's text with the verdict table between its markers regenerated; an error if a marker is missing or doubled."
-    begin = VERDICTS_BEGIN.split(' (')[0]   # the begin marker's words in parentheses may change; its tag may not
-    if text.count(begin) != 1 or text.count(VERDICTS_END) != 1 or text.index(begin) > text.index(VERDICTS_END):
-        raise ValueError(f"{name} has no verdict block to regenerate: it needs the line {VERDICTS_BEGIN} and, below it, "
-                         f"the line {VERDICTS_END}, each once")
-    start, end = text.index(begin), text.index(VERDICTS_END) + len(VERDICTS_END)
-    return text[:start] + f'{VERDICTS_BEGIN}\n{table}{VERDICTS_END}' + text[end:]
-
-# %% ../nbs/08_runner.ipynb #8d5c2e19
-def update_readme_verdicts(readme: Path | str, # the README.md holding the verdict block
-                           root: Path | str | None = None, # output root whose reports/ it quotes (default: the repository)
-                          ) -> bool: # True if the README changed
-    "Rewrite the README's verdict block from the published tables, and nothing else in the file."
-    readme = Path(readme)
-    text = readme.read_text(encoding='utf-8')
-    new = readme_with_verdicts(text, verdict_markdown(root), str(readme))
-    if new == text: return False   # unchanged: not rewritten
-    atomic_write_text(readme, new)
-    return True
-
 # %% ../nbs/08_runner.ipynb #a7e4f3b2
 def refresh_readme(root: Path, # the repository, into which the main job just published
                   ) -> bool: # False if the README could not be regenerated (the reason printed)
@@ -549,7 +537,8 @@ def readme_command(check: bool = False, # only compare: 0 if the README's block 
 # %% ../nbs/08_runner.ipynb #a062fdf8
 def reproduce(profile: str = 'default', only: list[str] | None = None, params: list[str] = (),
               out: str | None = None, notebooks: str | None = None, progress: bool = True,
-              fresh: bool = False, record: bool = False, wait: bool = False, publish: bool = False, jobs: int = 1) -> int:
+              fresh: bool = False, record: bool = False, wait: bool = False, publish: bool = False, jobs: int = 1,
+              allow_fresh: bool = False) -> int:
     "Validate, run the selected notebooks, write the index and scorecard (and after the main job the README's verdict table); 0 if all succeeded, 1 if any failed, 2 on bad usage."
     nbs_dir = Path(notebooks).resolve() if notebooks else repo_root() / 'nbs'
     try:
@@ -566,6 +555,7 @@ def reproduce(profile: str = 'default', only: list[str] | None = None, params: l
         if jobs > 1:   # the lanes' order reads each chapter's fresh estimate: a corrupt one is refused now, not mid-run
             from rag_lab.calls import call_records
             for s in plan: fresh_estimate(call_records().folder(s, profile))
+        budgets = fresh_budgets(plan, profile, fresh, allow_fresh or record)   # an explicit --record means to compute
         root = check_out_root(dest)
         lock = output_lock(root, wait); lock.__enter__()
     except UsageError as e:
@@ -575,7 +565,8 @@ def reproduce(profile: str = 'default', only: list[str] | None = None, params: l
     try:
         for d in clean_stale_staging(root): print(f"removed {d.name}: the staging folder of a run that ended without cleaning up", flush=True)
         t0 = time.time()
-        status = _run_all(plan, profile, nbs_dir, root, progress, run.as_env(), jobs)
+        envs = {sl: budgets[sl] | scratch_env(sl, profile, plan[sl], published) for sl in plan}
+        status = _run_all(plan, profile, nbs_dir, root, progress, run.as_env(), jobs, envs)
         idx, card = write_summaries(root, status)
         # the README quotes the published tables: regenerated by the main job only, never by a scratch run
         readme_ok = refresh_readme(root) if published and profile == 'default' and root == repo_root() else True
@@ -602,7 +593,7 @@ def _calls_note(root: Path, slug: str, status: str) -> str:
 def site_command(out: str | None = None, # output root of the run to publish (default: the repository's published run)
                 ) -> int:
     "Build the website of a run (`reports/site/_build/html/index.html` under its output root)."
-    from rag_lab.report import build_site
+    from rag_lab.pages import build_site
     root = out_root(out)
     if not (root / 'reports' / 'executed').is_dir():
         print(f"rag-lab: error: {root / 'reports' / 'executed'} does not exist; run `rag-lab reproduce` first", file=sys.stderr); return 2
@@ -753,6 +744,58 @@ def records_command(action: str, sample: int = 20, seed: int = 0,
           + (f"; {len(recs.tampered)} tampered line(s) were not replayed" if recs.tampered else ''))
     return 1 if bad else 0
 
+# %% ../nbs/08_runner.ipynb #ecf48fd4
+def server_check_failures(v: pd.DataFrame, # `verify_records` rows: key, kind, agree, max_abs_diff, note
+                          tol: float = 1e-3, # largest log-probability difference accepted (nats)
+                         ) -> pd.DataFrame: # the failing rows, with `changed` (an answer changed) and `why`
+    "The recomputed calls that fail a server check: a changed answer, or log-probabilities beyond `tol` or not comparable."
+    changed = ((v.kind == 'chat') & ~v.agree.astype(bool)) | (v.note != '')   # another text, or another option chosen
+    drift = ~(v.max_abs_diff <= tol)   # NaN fails too: another number of log-probabilities than the record's
+    why = [r.note or ('another generated text' if c else f"log-probabilities differ by {r.max_abs_diff:.2e} nats"
+                      if r.max_abs_diff == r.max_abs_diff else 'another number of log-probabilities than its record')
+           for r, c in zip(v.itertuples(), changed)]
+    return v.assign(changed=changed, why=why)[changed | drift]
+
+# %% ../nbs/08_runner.ipynb #e8f7a9b0
+def check_server_command(model: str, # the GGUF whose records are recomputed: an embedded model name or a .gguf path
+                         base_url: str | None = None, # a running llama-server serving it; None: start one on 127.0.0.1
+                         alias: str = 'local', # the model name the server answers to
+                         sample: int = 20, # records to recompute
+                         seed: int = 0, # which random sample
+                         tol: float = 1e-3, # largest log-probability difference accepted (nats)
+                         records: "CallRecords | None" = None, # default: the checkout's committed records
+                        ) -> int: # 0: every answer the same and every difference within tol; else 1
+    "`rag-lab check-server`: recompute recorded calls of `model` through llama.cpp's server; report the largest log-probability difference and any changed answer."
+    from contextlib import nullcontext
+    from rag_lab.calls import CallRecords, LLMCache, Ledger, call_records
+    from rag_lab.config import file_sha256
+    from rag_lab.llm import LLMError, LlamaServerLLM, verify_records
+    from rag_lab.models import EMBEDDED_MODELS, embedded_model_path
+    from rag_lab.server import LlamaServerProcess, ServerError
+    if model in EMBEDDED_MODELS: path, fp = embedded_model_path(model), f"sha256:{EMBEDDED_MODELS[model].sha256}"
+    elif model.endswith('.gguf') and Path(model).is_file(): path = Path(model); fp = f"sha256:{file_sha256(path)}"
+    else: raise UsageError(f"--model must be an embedded model ({', '.join(EMBEDDED_MODELS)}) or an existing .gguf file, got {model!r}")
+    if not 1 <= sample <= 10_000: raise UsageError(f"--sample must be from 1 to 10000, got {sample}")
+    tmp = Path(tempfile.mkdtemp(prefix='rag_lab_check_server_'))
+    with nullcontext() if base_url else LlamaServerProcess(path, alias=alias) as proc:
+        url = base_url or proc.base_url
+        try: llm = LlamaServerLLM(alias, base_url=url, cache=LLMCache(tmp / 'off.sqlite', mode='off'), ledger=Ledger(),
+                                  records=CallRecords(tmp / 'no-records'))
+        except LLMError as e: raise UsageError(str(e)) from None
+        served = llm.server.info.model_path
+        if served and Path(served).is_file() and f"sha256:{file_sha256(Path(served))}" != fp:
+            raise UsageError(f"{url} serves {served}, not {model}: its answers cannot be compared with {model}'s records")
+        try: v = verify_records(sample, seed, records if records is not None else call_records(), llm=llm, model=fp)
+        except (LLMError, ServerError) as e: raise UsageError(str(e)) from None
+    if not len(v): raise UsageError(f"no records of {model} ({fp[:19]}...) to recompute")
+    print(v.to_string(index=False))
+    bad = server_check_failures(v, tol)
+    print(f"\n{len(v)} recorded calls of {model} recomputed through {url if base_url else 'llama-server on 127.0.0.1'}: "
+          f"largest log-probability difference {v.max_abs_diff.max():.2e} nats (tolerance {tol:g}); "
+          f"{int(bad.changed.sum())} changed answer(s), {int((~bad.changed).sum())} other call(s) beyond the tolerance"
+          + ''.join(f"\n  {r.key} ({r.kind}): {r.why}" for r in bad.itertuples()))
+    return 1 if len(bad) else 0
+
 # %% ../nbs/08_runner.ipynb #69a331a7
 def list_command(root: Path | None = None, # output root (default: the repository, i.e. the published results)
                 ) -> int:
@@ -795,11 +838,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.cmd == 'reproduce':
             return reproduce(a.profile, a.only, a.param, a.out, a.notebooks, not a.no_progress, a.fresh, a.record, a.wait,
-                             a.publish, a.jobs)
+                             a.publish, a.jobs, a.allow_fresh)
         if a.cmd == 'records': return records_command(a.action, a.sample, a.seed, a.cache, a.profile, a.save)
         if a.cmd == 'list': return list_command()
         if a.cmd == 'params': return params_command(a.slug)
         if a.cmd == 'readme': return readme_command(a.check, a.readme, a.out)
+        if a.cmd == 'check-server': return check_server_command(a.model, a.base_url, a.alias, a.sample, a.seed, a.tol)
         return site_command(a.out)
     except (UsageError, RecordsError, CacheError) as e:   # a damaged record or cache is a message naming the file, never a traceback
         print(f"rag-lab: error: {e}", file=sys.stderr); return 2

@@ -9,6 +9,20 @@ SHARED_DATA = REPO.parent / 'shared' / 'data'
 def pytest_configure(config):
     if not os.environ.get('RAG_LAB_DATA') and SHARED_DATA.exists():
         os.environ['RAG_LAB_DATA'] = str(SHARED_DATA)
+    config.addinivalue_line('markers', 'xdist_group(name): run on the same pytest-xdist worker as the rest of the group')
+
+SHARED_SCOPES = ('class', 'module', 'package')   # session fixtures are per worker process whatever the grouping
+
+@pytest.hookimpl(tryfirst=True)   # before pytest-xdist reads the marks (tools/run_tests.sh runs `-n 2 --dist loadgroup`)
+def pytest_collection_modifyitems(config, items):
+    "A test that uses a fixture built once for its file (or wider) joins its file's xdist group: the fixture is then built "
+    "on one worker, not on each. Every other test goes to whichever worker is free."
+    for item in items:
+        info = getattr(item, '_fixtureinfo', None)
+        if info is None or item.get_closest_marker('xdist_group'): continue
+        # the project's own fixtures only (pytest's built-in ones have an empty baseid)
+        if any(fd.scope in SHARED_SCOPES and fd.baseid for fds in info.name2fixturedefs.values() for fd in fds):
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
 
 @pytest.fixture
 def repo() -> Path:
@@ -25,6 +39,24 @@ def toy():
                  metadata=dict(year=2012, mesh=['Asthma', 'Child'])),
         Document('103', 'Screening', 'CT screening for small cell lung carcinoma.',
                  metadata=dict(year=None, mesh=['Small Cell Lung Carcinoma']))], name='toy')
+
+@pytest.fixture(scope='module')
+def llama_server_bin() -> Path:
+    "llama.cpp's server, built once from the vendored sources (cached); the test is skipped only where it cannot be built."
+    import shutil
+    from rag_lab.server import llama_server_binary
+    missing = [t for t in ('cmake', 'c++') if shutil.which(t) is None]
+    if missing and not sorted(REPO.glob('.cache/llama-server/*/llama-server')):
+        pytest.skip(f"llama-server cannot be built here: {', '.join(missing)} not installed (and no cached build)")
+    return llama_server_binary(build=True, jobs=2)   # cached: instant after the first build
+
+def readme_reproduce_commands() -> list[str]:
+    "Every `rag-lab reproduce` command in README.md, continuation lines joined, without comments or VAR=value prefixes."
+    import re
+    lines = (REPO / 'README.md').read_text().replace('\\\n', ' ').splitlines()
+    env = r'(?:[A-Z_]+=\S+\s+)*'
+    return [re.sub(f'^{env}', '', l.split('#')[0].strip()) for l in lines
+            if re.match(rf'^{env}(\.venv/bin/)?rag-lab reproduce', l.strip())]
 
 @pytest.fixture
 def out_env(tmp_path, monkeypatch) -> Path:

@@ -8,7 +8,8 @@ import pytest
 import rag_lab.data as data
 from rag_lab.data import DataError, DataFile
 from rag_lab.parsing import parse_json_verdict, parse_mirage_output, tally
-from rag_lab.report import csv_text, item_browser
+from rag_lab.report import csv_text
+from rag_lab.pages import item_browser
 
 SECRET = 'SECRET-8f2c1e-never-published'
 HEADING = 'Injected Heading From A Model'
@@ -75,13 +76,13 @@ def test_item_page_keeps_every_output_exactly_and_shows_the_core_columns(tmp_pat
         assert norm(raw) in [norm(t or '') for t in p.pres], raw          # every output shown whole, line breaks and all
     for header in ('confidence', 'option log-probs', 'raw output', 'calls'):
         assert f'<th>{header}</th>' in page
-    assert '4f210eef9f164fc0' in page and '<a ' not in page          # call keys as plain text: nothing to link to yet
+    assert '<code>4f210eef9f164fc0</code>' in page and 'call-4f210eef' not in page   # no calls page given: keys as plain text
     assert 'A: -0.1054' in page                                       # option log-probabilities one per option
 
 
 def _build_book(src: Path, pages: dict[str, str]) -> Path:
     "A Jupyter Book with the site's own configuration and these pages, built as `rag-lab site` builds it."
-    from rag_lab import report
+    from rag_lab import pages as report   # the site's pages and build (07b_pages)
     (src / '_static').mkdir(parents=True); (src / '_extra').mkdir()
     (src / '_config.yml').write_text(report._SITE_CONFIG)
     (src / 'intro.md').write_text('# Intro\n')
@@ -105,7 +106,7 @@ def test_hostile_outputs_never_reach_the_built_site_as_markup(tmp_path):
     assert len(re.findall(r'<h[1-6][ >]', text)) == len(re.findall(r'<h[1-6][ >]', benign)), 'a model output added a heading'
     p = _PreTexts(); p.feed(text)
     assert any(f'# {HEADING}' in (t or '') for t in p.pres)                   # shown as the text it is
-    assert text.count('<details>') == text.count('</details>') == len(df)
+    assert text.count('<details id=') == text.count('</details>') == len(df)   # one anchored entry per item
     assert text.count('<pre>') == text.count('</pre>')
 
 

@@ -327,20 +327,14 @@ def test_openai_backend_concurrent_batch_and_json_mode(remote):
     assert s.calls.sum() == 6 + r.attempts and s.prompt_tokens.sum() > 0
 
 
-def test_openai_backend_scores_continuation_tokens(remote):
-    ctx, cont = 'The capital of France is', ' Paris, a city on the Seine.'
-    s = remote.score(ctx, cont)
-    assert ''.join(s.tokens) == cont and s.n_tokens >= 5 and all(lp <= 0 for lp in s.logprobs)
-    assert s.context_tokens >= 1 and math.isfinite(s.perplexity)
-
-
-@pytest.mark.xfail(strict=True, reason='llama-cpp-python <= 0.3.36 returns echo logprobs shifted by one token '
-                                       '(abetlen/llama-cpp-python#1983); vLLM and OpenAI legacy models are not affected')
-def test_openai_scores_agree_with_embedded_scores(remote, smol):
-    ctx, cont = 'The capital of France is', ' Paris, a city on the Seine.'
-    a, b = remote.score(ctx, cont), smol.score(ctx, cont, cache='off')
-    assert a.n_tokens == b.n_tokens
-    assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 0.05
+def test_scoring_on_llama_cpp_python_server_is_refused_naming_the_alternative(remote, server, tmp_path):
+    "Its echoed log-probabilities are shifted by one token (abetlen/llama-cpp-python#1983): refused before any request, not wrong numbers."
+    with pytest.raises(LLMError, match=r"shifted by one token.*backend='llamaserver'"):
+        remote.score('The capital of France is', ' Paris, a city on the Seine.')
+    assert remote.server_kind() == 'llama-cpp-python' and remote.ledger.frame().query("kind == 'score'").empty
+    from rag_lab.llm import LlamaServerLLM
+    with pytest.raises(LLMError, match="is llama-cpp-python's server .* not llama.cpp's llama-server"):
+        LlamaServerLLM('smollm2', base_url=server, cache=LLMCache(tmp_path / 'c.sqlite'), ledger=Ledger())
 
 
 # ---------------------------------------------------------------- transformers backend
@@ -371,6 +365,25 @@ def test_transformers_generates_in_batches_and_scores(tiny_dir, tmp_path):
     from rag_lab.papers.reason_verify import unique_calls
     # a batch shares one compute time per call: distinct calls are told apart by their cache keys, not their counts
     assert len(unique_calls(llm.ledger.frame().loc[lambda d: d.kind == 'chat'])) == len(prompts)
+
+
+def test_transformers_scores_a_choice_in_one_batched_forward_pass(tiny_dir, tmp_path):
+    llm = TransformersLLM(str(tiny_dir), cache=LLMCache(tmp_path / 'c.sqlite'), ledger=Ledger())
+    options = [' yes', ' no maybe', ' a b c']   # 1, 2 and 3 tokens: the batch is right-padded
+    passes = []
+    hook = llm.net.register_forward_hook(lambda *_: passes.append(1))
+    try:
+        for ctx in ['the answer is', [{'role': 'user', 'content': 'what is the capital of france'}]]:
+            passes.clear()
+            c = llm.choose(ctx, options, prefix=' final answer', cache='off')
+            assert len(passes) == 1   # one forward pass for the three options
+            text = llm.render(ctx) + ' final answer'   # choose renders a string prompt as a user message too
+            singles = [llm.score(text, o, cache='off') for o in options]   # one pass each, no padding
+            assert c.n_tokens == [s.n_tokens for s in singles] == [1, 2, 3]
+            assert c.context_tokens == singles[0].context_tokens
+            assert max(abs(a - s.total_logprob) for a, s in zip(c.logprobs, singles)) < 1e-5
+    finally: hook.remove()
+    with pytest.raises(ValueError, match='has no tokens'): llm._choose('the answer is', '', [' yes', ''])
 
 
 def test_transformers_fingerprint_tracks_the_weights(tiny_dir, tmp_path):

@@ -125,3 +125,20 @@ def test_the_scan_catches_what_it_is_for(tmp_path):
     assert not _from_own_counts(Row(metric='macro-F1', ours=v, note='TP/FP/FN/TN 35/15/0/0'))
     assert not _from_own_counts(Row(metric='macro-F1', ours=7 / 17, note='no counts'))
     assert not _from_own_counts(Row(metric='accuracy (%)', ours=70.0, note='TP/FP/FN/TN 35/15/0/0'))
+
+
+# ---------------------------------------------------------------- the reader's views, rendered from the committed run
+def test_the_committed_run_renders_as_wide_captioned_tables(tmp_path):
+    "reports/index.md as `write_index` renders it from the committed CSVs (into a scratch copy: reports/ is never rewritten): "
+    "`ours [95% CI]` in one cell, what rows share said once, no NaN, every figure captioned, chapters linked from the scorecard."
+    import shutil
+    from rag_lab.pages import write_index
+    for slug_dir in sorted(p for p in REPORTS.iterdir() if p.is_dir() and (p / 'run_meta.json').exists()):
+        shutil.copytree(slug_dir, tmp_path / 'reports' / slug_dir.name)
+    (tmp_path / 'figures').symlink_to(REPO / 'figures')
+    index = write_index(tmp_path).read_text()
+    assert 'ours [95% CI]' in index and '| ci_low |' not in index and '| profile |' not in index and '| seed |' not in index
+    assert not re.search(r'\bnan\b', index, re.I), re.search(r'.{80}\bnan\b.{40}', index, re.I | re.S)
+    pngs = sorted((REPO / 'figures').glob('*/*.png'))
+    assert index.count('*Figure ') == len(pngs) > 0
+    assert '[reason_verify](#reason_verify)' in index and 'Scratch run' not in index   # the published run: no banner

@@ -199,6 +199,33 @@ def test_runs_encoding_the_same_texts_at_once_all_get_the_embeddings(tmp_path, m
     texts = [f'text {i}' for i in range(40)]
     with ThreadPoolExecutor(writers) as ex: got = list(ex.map(lambda _: cached_encode(SlowEncoder(), texts), range(writers)))
     assert all(g.shape == (40, 50_000) and (g == 0.5).all() for g in got)
-    files = sorted(p.name for p in (tmp_path / 'embeddings').iterdir())
-    assert len(files) == 1 and files[0].startswith('fake_encoder-') and files[0].endswith('.npy')   # no temp file left
+    files = sorted(p.name for p in (tmp_path / 'embeddings' / 'fake_encoder').iterdir())
+    assert len(files) == 40 and all(f.startswith('d-') and f.endswith('.npy') for f in files)   # one per text, no temp file left
     np.testing.assert_array_equal(cached_encode(SlowEncoder(), texts), got[0])   # a cache hit: encode is not called again
+
+
+# --- the lazy dense index ---------------------------------------------------------------------------------------------
+def test_dense_index_encodes_only_what_is_scored_then_the_rest_once(tmp_path, monkeypatch):
+    "Reranking encodes the candidates only; a full search encodes the others, each document once, disk-cached per text."
+    from rag_lab.retrieval import IndexReranker
+    monkeypatch.setenv('RAG_LAB_CACHE', str(tmp_path))
+    asked = []
+    class Hashing:
+        "A per-text encoder (a row depends on its text only), counting what it is asked to encode."
+        name = 'hashing'
+        def encode(self, texts, is_query=False):
+            asked.extend(texts)
+            v = np.array([[hash((t, j)) % 97 + 1 for j in range(8)] for t in texts], np.float32).reshape(len(texts), 8)
+            return v / np.linalg.norm(v, axis=1, keepdims=True)
+    docs = Corpus([Document(f'd{i}', '', f'document number {i}') for i in range(30)], name='thirty')
+    idx = DenseIndex(docs, Hashing())
+    assert idx.n_encoded == 0 and asked == []
+    s = IndexReranker(idx).score('a query', ['d3', 'd7', 'd3'])
+    assert idx.n_encoded == 2 and sorted(asked) == ['a query', 'document number 3', 'document number 7'] and s.shape == (3,)
+    run = idx.search(['a query'], k=5)
+    assert idx.n_encoded == 30 and len(asked) == 1 + 30 + 1   # 28 more documents (+ the query again), none twice
+    eager = DenseIndex(docs, Hashing(), cache=False)          # uncached: the whole corpus at construction
+    assert eager.n_encoded == 30 and run == eager.search(['a query'], k=5)
+    np.testing.assert_array_equal(idx.doc_emb, eager.doc_emb)
+    asked.clear(); again = DenseIndex(docs, Hashing())         # a new index over the same texts: all from the disk cache
+    np.testing.assert_array_equal(again.doc_emb, eager.doc_emb); assert asked == []

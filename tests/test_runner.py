@@ -150,8 +150,8 @@ def test_version_list_and_params(repo):
         assert f'{slug}: ' in r.stdout and p.notebook in r.stdout
     assert 'last published run: profile default' in r.stdout   # the committed claim_aware results
     r = _run('params', 'claim_aware')
-    assert r.returncode == 0 and 'rrf_k (int): smoke=60, default=60, paper=60' in r.stdout, r.stdout
-    assert 'dense_epochs (int): smoke=2, default=40, paper=40' in r.stdout
+    assert r.returncode == 0 and 'rrf_k (int): smoke=60, default=60, class=60, paper=60' in r.stdout, r.stdout
+    assert 'dense_epochs (int): smoke=2, default=40, class=5, paper=40' in r.stdout   # the class profile trains briefly
     r = _run('params', 'nope')
     assert r.returncode == 2 and 'unknown paper' in r.stderr
 
@@ -233,13 +233,11 @@ def test_parallel_lanes_start_the_longest_chapters_first(monkeypatch, tmp_path, 
 def test_every_reproduce_command_in_the_readme_passes_validation():
     "The README's `rag-lab reproduce` examples are accepted as written (before, each -p value was checked alone against "
     "the default profile, so `--profile paper -p backend=openai` for verirag was refused)."
-    import re, shlex
+    import shlex
+    from conftest import readme_reproduce_commands
     from rag_lab.runner import _parser, plan_run
     repo = Path(__file__).resolve().parents[1]
-    lines = (repo / 'README.md').read_text().replace('\\\n', ' ').splitlines()   # continuation lines joined
-    env = r'(?:[A-Z_]+=\S+\s+)*'                                                     # VAR=value prefixes
-    cmds = [re.sub(f'^{env}', '', l.split('#')[0].strip()) for l in lines
-            if re.match(rf'^{env}(\.venv/bin/)?rag-lab reproduce', l.strip())]
+    cmds = readme_reproduce_commands()
     assert len(cmds) >= 7, cmds
     assert any('pubmed_reasoner.n_free_text=3' in c for c in cmds)   # the budget's sample command, whole
     for cmd in cmds:
@@ -303,3 +301,39 @@ def test_lanes_start_by_the_measured_estimate_when_there_is_one(tmp_path, monkey
     assert longest_first(['rag2', 'reason_verify'], 'default') == ['reason_verify', 'rag2']
     (recs.folder('rag2', 'default') / FRESH_ESTIMATE).write_text(json.dumps({'fresh_hours': 0.5}))   # 1800 s measured
     assert longest_first(['rag2', 'reason_verify'], 'default') == ['rag2', 'reason_verify']
+
+
+def test_a_run_that_would_compute_for_hours_prints_its_estimate_and_asks_for_a_flag(tmp_path):
+    "Parameters the records do not cover (another answer mode) mean hours of fresh calls on a CPU: the run prints the "
+    "chapter's measured estimate and stops before any notebook starts, unless --allow-fresh is given."
+    r = _run('reproduce', '--only', 'rag2', '-p', 'answer_mode=free_text', '--out', str(tmp_path / 'o'), '--no-progress')
+    assert r.returncode == 2 and '--allow-fresh' in r.stderr, r.stdout + r.stderr
+    assert 'rag2: ≈' in r.stdout and ' h of fresh LLM calls' in r.stdout, r.stdout   # the estimate comes first
+    assert not (tmp_path / 'o' / 'reports').exists()
+    r = _run('reproduce', '--only', 'reason_verify', '--profile', 'paper', '--out', str(tmp_path / 'p'), '--no-progress')
+    assert r.returncode == 2 and 'unknown (no estimate)' in r.stdout, r.stdout + r.stderr   # the paper's models: never silent
+
+
+def test_a_scratch_run_is_named_by_its_overrides(tmp_path):
+    "A run with -p and no --out goes to runs/<date>-<time>-<profile>-<overrides>/, never to a folder that reads like the default run."
+    from rag_lab.runner import destination
+    dest, published = destination('default', ['n=20', 'reason_verify.n_secondary=5'])
+    assert not published and Path(dest).name.endswith('-default-n=20-reason_verify.n_secondary=5'), dest
+
+
+def test_the_class_profile_replays_the_default_records_and_is_labelled_scratch(tmp_path):
+    "The teaching path: `--profile class` replays the default records for 20 items (0 calls computed: its fresh budget "
+    "is 0, so a missing record stops it), and its tables, index and run record say it is a scratch run."
+    out = tmp_path / 'class'
+    env = {**os.environ, 'RAG_LAB_LLM_CACHE': 'off'}   # the records alone
+    r = subprocess.run([str(BIN / 'rag-lab'), 'reproduce', '--profile', 'class', '--only', 'reason_verify', '--out', str(out),
+                        '--no-progress'], capture_output=True, text=True, timeout=1800, env=env, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    meta = json.loads((out / 'reports' / 'reason_verify' / 'run_meta.json').read_text())
+    assert meta['llm_calls']['computed'] == 0 and meta['llm_calls']['record'] > 100, meta['llm_calls']
+    assert meta['params']['n'] == 20 and meta['banner'].startswith('scratch run: profile class, n = 20'), meta.get('banner')
+    published_n = json.loads((REPO / 'reports' / 'reason_verify' / 'run_meta.json').read_text())['params']['n']
+    assert f'published n = {published_n}' in meta['banner']
+    index = (out / 'reports' / 'index.md').read_text()
+    assert 'Scratch run, not the published results' in index and meta['banner'] in index
+    assert f"**{meta['banner']}**" in (out / 'reports' / 'reason_verify' / 'headline.md').read_text()

@@ -1,7 +1,8 @@
 """The website: built from a run's executed notebooks, opened in headless Chromium: every page loads, no broken link
 or image, no console error, nothing fetched from outside the site. Two screenshots are kept as test artefacts."""
-import functools, http.server, os, shutil, socketserver, subprocess, sys, threading
+import functools, http.server, os, re, shutil, socketserver, subprocess, sys, threading
 from pathlib import Path
+import pandas as pd
 from urllib.parse import urljoin, urlparse
 import pytest
 
@@ -47,6 +48,45 @@ def test_site_has_every_part(site):
     assert '<img' in text and 'table5' in text                                    # executed: tables and figures inline
 
 
+def test_a_scratch_site_opens_on_its_own_labelled_results(site):
+    "The smoke run is a scratch run: its landing page is its own scorecard and verdicts under a banner, not the README."
+    intro = (site / 'intro.html').read_text()
+    assert 'Scratch run, not the published results' in intro and 'scratch run: profile smoke' in intro
+    assert 'What it found' not in intro                                   # the README's published findings are not shown
+    card = (site / 'scorecard.html').read_text()
+    assert 'href="papers/20_claim_aware.html"' in card and 'within_5pct' not in card   # plain headers, chapters linked
+
+
+def test_a_chapter_page_opens_on_its_findings_and_prints_no_raw_pipe_tables(site):
+    "Findings (main metric per system, headline verdicts) right under the title, before any code; printed markdown rendered."
+    for page in ('papers/20_claim_aware.html', 'papers/40_verirag.html'):
+        text = (site / page).read_text()
+        assert 'Findings of this run' in text and text.index('Findings of this run') < text.index('cell_input'), page
+        assert '<table' in text[text.index('Findings of this run'):text.index('cell_input')], page   # the findings table rendered
+        outputs = [seg.split('<div class="cell ')[0] for seg in text.split('class="cell_output')[1:]]
+        assert outputs and not [o for o in outputs if re.search(r'\|\s*:?-{3,}:?\s*\|', o)], page   # no table left as pipes
+
+
+def test_a_number_leads_to_its_items_and_their_calls(site):
+    "HELM-style trail: headline rows link to their items, each item has an anchor, its question and its calls' page."
+    from rag_lab.pages import anchor
+    out = site.parents[3]   # <out>/reports/site/_build/html
+    results = (site / 'results' / 'verirag.html').read_text()
+    assert 'ours [95% CI]' in results and 'nan' not in re.sub(r'<[^>]+>', ' ', results).lower().split()
+    assert re.search(r'href="\.\./items/verirag-headline\.html#system-[^"]+"', results), 'no headline row links to its items'
+    page = (site / 'items' / 'verirag-headline.html').read_text()
+    items = pd.read_csv(out / 'reports' / 'verirag' / 'items_headline.csv', dtype={'item_id': str})
+    for r in items.drop_duplicates(['dataset', 'item_id']).itertuples():
+        assert f'id="{anchor(r.dataset, r.item_id)}"' in page, r.item_id        # an anchor per item
+    assert 'href="../calls/verirag-headline.html#call-' in page                 # items link to their recorded calls
+    calls = (site / 'calls' / 'verirag-headline.html').read_text()
+    assert 'id="call-' in calls and '→' in calls and '[user]' in calls       # prompt, then output
+    assert (site / 'items' / 'verirag-headline-disagreements.html').exists()
+    for slug in ('claim_aware', 'verirag'):   # every figure captioned
+        figs = list((out / 'figures' / slug).glob('*.png'))
+        assert (site / 'results' / f'{slug}.html').read_text().count('<figcaption') == len(figs), slug
+
+
 def test_every_page_loads_in_headless_chromium_without_errors(site, server):
     assert CHROMIUM, "headless Chromium is needed for this test: apt-get install chromium (.ci/run does)"
     from playwright.sync_api import sync_playwright
@@ -74,11 +114,17 @@ def test_every_page_loads_in_headless_chromium_without_errors(site, server):
                     seen.add(target.path)
                     if not (site / target.path.lstrip('/')).exists() and not target.path.endswith('/'):
                         problems.append(f'{rel}: broken link {href}')
+            # no markdown table left as raw pipes outside code (a chapter's printed tables render as tables)
+            pipes = page.evaluate(r"""(() => { const m = (document.querySelector('main') || document.body).cloneNode(true);
+                m.querySelectorAll('.cell_input, div.highlight-python, div.highlight-bash').forEach(e => e.remove());
+                return m.textContent.split('\n').filter(l => /^\s*\|[\s:|-]*-{3,}[\s:|-]*\|\s*$/.test(l)).length; })()""")
+            if pipes: problems.append(f'{rel}: {pipes} raw pipe table rule(s) shown as text')
             if rel == 'intro.html': page.screenshot(path=str(ARTEFACTS / 'site-landing.png'), full_page=False)
             if rel == 'intro.html':   # the README's paper table fits the page: long paths wrap instead of scrolling sideways
                 overflow = page.evaluate("[...document.querySelectorAll('main table')].map(t => t.scrollWidth - t.parentElement.clientWidth)")
                 problems += [f'{rel}: table {i} is {o} px wider than the page' for i, o in enumerate(overflow) if o > 1]
             if rel == 'papers/20_claim_aware.html': page.screenshot(path=str(ARTEFACTS / 'site-claim_aware.png'), full_page=False)
+            if rel == 'items/verirag-headline.html': page.screenshot(path=str(ARTEFACTS / 'site-items.png'), full_page=False)
         browser.close()
     assert not problems, '\n'.join(problems[:30])
     assert (ARTEFACTS / 'site-landing.png').stat().st_size > 10_000 and (ARTEFACTS / 'site-claim_aware.png').stat().st_size > 10_000

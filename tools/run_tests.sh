@@ -10,8 +10,16 @@ trap 'rm -rf "$tmp"' EXIT
 # keep Jupyter, IPython and matplotlib state out of $HOME; no model hub, ever
 export IPYTHONDIR="$tmp/ipython" JUPYTER_CONFIG_DIR="$tmp/jupyter" JUPYTER_RUNTIME_DIR="$tmp/jupyter-runtime" \
        MPLCONFIGDIR="$tmp/mpl" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-"$VENV/bin/python" -m pytest tests -q -p no:cacheprovider --junitxml="$tmp/junit.xml" "$@"
+# independent tests on every core (pytest-xdist; TEST_WORKERS=1 for one process): each test goes to whichever worker
+# is free, except that the tests of a file sharing a fixture built once per file stay on one worker (tests/conftest.py
+# marks them; --dist loadgroup honours the marks). Without pytest-xdist installed, the suite runs in one process.
+workers=${TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}
+parallel=()
+if [ "$workers" -gt 1 ] && "$VENV/bin/python" -c 'import xdist' 2>/dev/null; then parallel=(-n "$workers" --dist loadgroup); fi
+t0=$(date +%s)
+"$VENV/bin/python" -m pytest tests -q -p no:cacheprovider --junitxml="$tmp/junit.xml" "${parallel[@]}" "$@"
 rc=$?
+echo "pytest took $(( $(date +%s) - t0 )) s in $([ ${#parallel[@]} -gt 0 ] && echo "$workers workers" || echo "one process")"
 "$VENV/bin/python" - "$tmp/junit.xml" <<'PY'
 import sys, xml.etree.ElementTree as ET
 try: suites = ET.parse(sys.argv[1]).getroot()

@@ -22,6 +22,8 @@ class Paper:
     kind: str = 'paper'       # 'paper', or 'comparison' for a chapter across papers
     needs: tuple[str, ...] = ()   # chapters whose published outputs it reads (the runner runs it after them)
     claims: tuple[tuple[str, str, str], ...] = ()   # headline comparisons the README quotes: (table stem, row label, metric)
+    findings: tuple[str, str] = ('headline', 'accuracy (%)')   # the table and metric its executed chapter's findings cell shows
+    teaching: tuple[tuple[str, int], ...] = ()   # the `class` profile: (parameter, value) pairs that shrink the default's item counts (claim_aware: its training epochs)
 
     @property
     def module(self) -> str: return f'rag_lab.papers.{self.slug}'
@@ -37,31 +39,35 @@ class Paper:
 
     @property
     def profiles(self) -> dict[str, dict]:
-        "Profile name -> the parameter values that profile sets."
-        return self.load().PROFILES
+        "Profile name -> the parameter values that profile sets; `class` (unless the module sets it) is `default` with `teaching`'s counts."
+        own = self.load().PROFILES
+        return own if 'class' in own else {**own, 'class': {**own['default'], **dict(self.teaching)}}
 
 # %% ../../nbs/index.ipynb #5335b5b4
 PAPERS: dict[str, Paper] = {p.slug: p for p in [
     Paper('reason_verify', 'Reason and Verify: rationales + 8-category statement verification', '10_reason_verify.ipynb',
-          ('11_reason_verify_method.ipynb',), 'BioASQ-Y/N, PubMedQA*',
+          ('11_reason_verify_method.ipynb',), 'BioASQ-Y/N, PubMedQA*', teaching=(('n', 20), ('n_secondary', 5)),
           claims=(('headline', 'Reason and Verify vs BM25 RAG / BioASQ-Y/N', 'Δ accuracy (points)'),
                   ('headline', 'Reason and Verify vs BM25 RAG / PubMedQA*', 'Δ accuracy (points)'),
                   ('headline', 'BM25 RAG vs closed book / PubMedQA*', 'Δ accuracy (points)'),
                   ('headline', 'BM25 RAG vs closed book, calibrated on dev / PubMedQA*', 'Δ accuracy (points)'))),
     Paper('claim_aware', 'Claim-aware scientific RAG: retrieval, evidence sentences, abstention', '20_claim_aware.ipynb',
-          ('21_claim_aware_method.ipynb',), 'SciFact'),
+          ('21_claim_aware_method.ipynb',), 'SciFact', findings=('table5', 'nDCG@10'),
+          teaching=(('n', 20), ('dense_epochs', 5))),
     Paper('rag2', 'RAG²: rationale queries, balanced multi-corpus retrieval, perplexity-labelled filter', '30_rag2.ipynb',
-          ('31_rag2_method.ipynb',), 'MedQA, MedMCQA, MMLU-Med',
+          ('31_rag2_method.ipynb',), 'MedQA, MedMCQA, MMLU-Med', teaching=(('n', 7), ('n_secondary', 3), ('n_pubmedqa', 20)),
           claims=(('headline', 'RAG² vs closed book / all three (pooled)', 'Δ accuracy (points)'),
                   ('headline', 'RAG² vs standard RAG / all three (pooled)', 'Δ accuracy (points)'))),
     Paper('verirag', 'VERIRAG: Veritable audit, Hard-to-Vary score, dynamic threshold', '40_verirag.ipynb',
           ('41_verirag_hv.ipynb', '42_verirag_method.ipynb'), 'SciFact, HealthVer, COVID-Fact claims',
+          findings=('headline', 'macro-F1'), teaching=(('n', 7), ('n_secondary', 3), ('n_judge', 5)),
           claims=(('headline', 'VERIRAG vs COT-RAG / all', 'Δ macro-F1'),
                   ('headline', 'VERIRAG vs Self-RAG / all', 'Δ macro-F1'),
                   ('headline', 'VERIRAG vs FLARE / all', 'Δ macro-F1'),
                   ('headline', 'VERIRAG vs CIBER / all', 'Δ macro-F1'))),
     Paper('pubmed_reasoner', 'PubMed Reasoner: MeSH self-critic search, reflective retrieval, cited answers', '50_pubmed_reasoner.ipynb',
           ('51_pubmed_reasoner_eutils.ipynb', '52_pubmed_reasoner_method.ipynb'), 'PubMedQA, MMLU clinical knowledge',
+          teaching=(('n', 20), ('n_mmlu', 5), ('n_free_text', 5)),
           claims=(('headline', 'PubMed Reasoner vs closed book / PubMedQA', 'Δ accuracy (points)'),
                   ('headline', 'PubMed Reasoner vs plain RAG / PubMedQA', 'Δ accuracy (points)'),
                   ('headline', 'PubMed Reasoner vs no self-critic / PubMedQA', 'Δ accuracy (points)'),
@@ -71,6 +77,8 @@ PAPERS: dict[str, Paper] = {p.slug: p for p in [
 CHAPTERS: dict[str, Paper] = {**PAPERS, 'comparison': Paper(   # every chapter the runner runs: the papers, then chapters across them
     'comparison', 'Across the papers: every system with its own baselines on the same PubMedQA* items', '60_comparison.ipynb', ('61_comparison_method.ipynb',),
     'PubMedQA* (the papers\' shared items)', kind='comparison', needs=('reason_verify', 'rag2', 'pubmed_reasoner'),
+    findings=('cross_paper', 'accuracy (%)'),
+    teaching=(('n', 20), ('min_shared', 10)),
     claims=tuple(('cross_paper', f"{m} vs closed book, calibrated on dev (Reason and Verify's prompt) / PubMedQA*", 'Δ accuracy (points)')
                  for m in ('Reason and Verify', 'RAG²', 'PubMed Reasoner')))}
 

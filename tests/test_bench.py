@@ -1,0 +1,66 @@
+"""The fresh-clone benchmark's record (`reports/bench/fresh.json`): six stages in order, each a finite number of seconds
+>= 0, a CPU model and a core count, and a total that is the sum of the stages; the stage log it is built from."""
+import json, math
+from pathlib import Path
+import pytest
+from rag_lab.bench import FRESH_STAGES, check_fresh, fresh_cache, fresh_result, stage_seconds
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _record(**kw):
+    return fresh_result(install=312.4, data=3.2, run=700.0, logged=dict(encoding=240.5, training=61.25, report=12.0), **kw)
+
+
+def test_a_record_adds_up_and_replay_is_the_rest_of_the_chapters_time():
+    r = check_fresh(_record(profile='default'))
+    assert list(r['stages']) == list(FRESH_STAGES) and r['cores'] >= 1 and r['cpu']
+    assert r['stages']['replay'] == pytest.approx(700.0 - 240.5 - 61.25 - 12.0)
+    assert r['total_seconds'] == pytest.approx(312.4 + 3.2 + 700.0)
+    assert check_fresh(json.loads(json.dumps(r))) == r   # as written and read back
+
+
+@pytest.mark.parametrize('edit,message', [
+    (lambda r: r | dict(total_seconds=r['total_seconds'] + 1), 'not the sum'),
+    (lambda r: r | dict(stages={k: v for k, v in r['stages'].items() if k != 'training'}), 'in that order'),
+    (lambda r: r | dict(stages=dict(reversed(list(r['stages'].items())))), 'in that order'),
+    (lambda r: r | dict(stages=r['stages'] | dict(data=-0.5)), '>= 0'),
+    (lambda r: r | dict(stages=r['stages'] | dict(data=math.nan)), '>= 0'),
+    (lambda r: r | dict(stages=r['stages'] | dict(data='3 s')), '>= 0'),
+    (lambda r: r | dict(cores=0), 'cores'),
+    (lambda r: r | dict(cpu=''), 'cpu'),
+    (lambda r: {k: v for k, v in r.items() if k != 'total_seconds'}, 'lacks'),
+])
+def test_a_broken_record_is_refused(edit, message):
+    with pytest.raises(ValueError, match=message): check_fresh(edit(_record()))
+
+
+def test_the_chapters_cannot_log_more_time_than_they_took():
+    "Encoding, training and report happen inside the chapters' run: more of them than its wall time is a broken log."
+    with pytest.raises(ValueError, match='>= 0'):
+        check_fresh(fresh_result(install=0, data=1, run=10, logged=dict(encoding=8, training=3, report=0)))
+
+
+def test_stage_log_sums_per_stage_and_refuses_an_unknown_stage(tmp_path):
+    log = tmp_path / 'stages.jsonl'
+    log.write_text(''.join(json.dumps(d) + '\n' for d in [dict(stage='encoding', seconds=1.5, what='a'),
+                   dict(stage='encoding', seconds=2.0, what='b'), dict(stage='report', seconds=0.25, what='c')]))
+    assert stage_seconds(log) == dict(encoding=3.5, training=0.0, report=0.25)
+    assert stage_seconds(tmp_path / 'none.jsonl') == dict(encoding=0.0, training=0.0, report=0.0)
+    log.write_text(json.dumps(dict(stage='replay', seconds=1, what='x')) + '\n')
+    with pytest.raises(ValueError, match="unknown stage 'replay'"): stage_seconds(log)
+
+
+def test_a_fresh_cache_holds_only_what_the_install_leaves(tmp_path):
+    src = tmp_path / 'cache'
+    for d in ('models', 'llama-server', 'embeddings', 'llm'): (src / d).mkdir(parents=True)
+    dest = fresh_cache(tmp_path / 'fresh', src)
+    assert sorted(p.name for p in dest.iterdir()) == ['llama-server', 'models'] and (dest / 'models').is_symlink()
+    with pytest.raises(ValueError, match='not empty'): fresh_cache(dest, src)
+
+
+def test_the_published_benchmark_if_any_is_valid():
+    "A committed `reports/bench/fresh.json` (the closing figures of issue 36) passes the same check."
+    p = REPO / 'reports' / 'bench' / 'fresh.json'
+    if not p.exists(): pytest.skip('no published fresh-clone benchmark yet (make bench-fresh writes it)')
+    check_fresh(json.loads(p.read_text()))
