@@ -98,3 +98,14 @@ def test_the_class_benchmark_times_a_real_replay(tmp_path):
     c = r['chapters']['reason_verify']
     assert c['computed'] == 0 and c['replayed'] > 0, c
     assert '| reason_verify |' in (tmp_path / 'reports' / 'bench' / 'class.md').read_text()
+
+
+def test_the_readme_quotes_the_committed_class_benchmark():
+    "The README's class timings are the ones `make bench-class` wrote (reports/bench/class.json), each within the limit."
+    from rag_lab.bench import check_class
+    r = check_class(json.loads((REPO / 'reports' / 'bench' / 'class.json').read_text()))
+    text = ' '.join((REPO / 'README.md').read_text().split())
+    for slug, c in r['chapters'].items():
+        assert f"{slug} {c['seconds']:.1f} s" in text, slug
+        assert c['within_limit'], (slug, c)
+    assert f"({r['total_seconds']:.1f} s in all)" in text
