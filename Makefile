@@ -17,7 +17,7 @@ CORES := $(shell nproc 2>/dev/null || echo 2)
 LLAMA_BUILD_SCOPE := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
                      -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF
 
-.PHONY: install reproduce test site bench bench-fresh lab clean-outputs sync check-sync llama-server
+.PHONY: install reproduce test site bench bench-fresh bench-class lab clean-outputs sync check-sync llama-server
 
 install: $(STAMP)
 
@@ -71,6 +71,11 @@ bench-fresh:
 	  $(if $(DATA_MIRROR),RAG_LAB_DATA=$(DATA_MIRROR)) $(BIN)/python -m rag_lab.bench fresh --profile $(PROFILE) \
 	    $(if $(ONLY),--only $(ONLY)) --install-seconds $$(( $$(date +%s) - t0 )) \
 	    --install-note "$$( [ $$fresh = yes ] && echo 'make install into a new environment' || echo 'not measured: the environment was installed already')"
+
+## the class profile timed chapter by chapter (under a minute each, 0 calls computed): reports/bench/class.json and
+## class.md (ONLY=reason_verify for one chapter; FRESH=1 from a fresh cache, as a fresh clone's first class run)
+bench-class: install
+	$(if $(DATA_MIRROR),RAG_LAB_DATA=$(DATA_MIRROR)) $(BIN)/python -m rag_lab.bench class $(if $(ONLY),--only $(ONLY)) $(if $(FRESH),--fresh)
 
 ## JupyterLab on the notebooks
 lab: install

@@ -19,9 +19,10 @@ from typing import Sequence
 import pandas as pd
 
 # %% auto #0
-__all__ = ['LLM_BENCH_MODELS', 'SERVER_QUESTIONS', 'FRESH_STAGES', 'LOGGED_STAGES', 'bench_bm25', 'bm25_markdown', 'benchmark',
-           'bench_llm', 'bench_server', 'server_markdown', 'main', 'stage_seconds', 'cpu_model', 'fresh_result',
-           'check_fresh', 'fresh_cache', 'bench_fresh', 'cli']
+__all__ = ['LLM_BENCH_MODELS', 'SERVER_QUESTIONS', 'FRESH_STAGES', 'LOGGED_STAGES', 'CLASS_SECONDS_LIMIT', 'bench_bm25',
+           'bm25_markdown', 'benchmark', 'bench_llm', 'bench_server', 'server_markdown', 'main', 'stage_seconds',
+           'cpu_model', 'fresh_result', 'check_fresh', 'fresh_cache', 'bench_fresh', 'check_class', 'bench_class',
+           'cli']
 
 # %% ../nbs/09_bench.ipynb #3b3cd0cb
 def bench_bm25(n: int | None = None, # test claims to retrieve (None: all 300)
@@ -288,13 +289,76 @@ def bench_fresh(profile: str = 'default', # the profile `make reproduce` runs
     atomic_write_text(bench / 'fresh.md', md)
     return atomic_write_text(bench / 'fresh.json', json.dumps(r, indent=1))
 
+# %% ../nbs/09_bench.ipynb #7915cf44
+CLASS_SECONDS_LIMIT = 60.0   # issue 35: a chapter of the class profile replays in under a minute
+
+def check_class(r: dict, # a class benchmark record (`bench_class`, or `reports/bench/class.json` read back)
+               ) -> dict: # `r`, when it is valid
+    "Refuse a record without CPU, cores and chapters, with a chapter whose seconds or call counts are not numbers >= 0, or a wrong total or verdict."
+    missing = [k for k in ('cpu', 'cores', 'limit_seconds', 'chapters', 'total_seconds') if k not in r]
+    if missing: raise ValueError(f"class benchmark record lacks {missing}")
+    if not r['chapters']: raise ValueError("class benchmark record has no chapters")
+    for slug, c in r['chapters'].items():
+        bad = {k: c.get(k) for k in ('seconds', 'replayed', 'computed') if isinstance(c.get(k), bool)
+               or not isinstance(c.get(k), (int, float)) or not math.isfinite(c.get(k)) or c.get(k) < 0}
+        if bad: raise ValueError(f"{slug}: seconds and call counts must be finite numbers >= 0: {bad}")
+        if c.get('within_limit') != (c['seconds'] <= r['limit_seconds'] and c['computed'] == 0):
+            raise ValueError(f"{slug}: within_limit must say seconds <= {r['limit_seconds']} and 0 calls computed, got {c.get('within_limit')!r}")
+    if not math.isclose(r['total_seconds'], sum(c['seconds'] for c in r['chapters'].values()), abs_tol=0.011):
+        raise ValueError(f"total_seconds {r['total_seconds']} is not the sum of the chapters' seconds")
+    return r
+
+# %% ../nbs/09_bench.ipynb #dbda5681
+def bench_class(only: Sequence[str] = (), # chapter slugs (empty: every chapter)
+                out: str | Path | None = None, # output root of reports/bench/ (default: the repository; the chapters' outputs are discarded)
+                fresh: bool = False, # start from a fresh cache (as a fresh clone's first run) instead of this checkout's
+               ) -> Path: # the written `reports/bench/class.json`
+    "Time `rag-lab reproduce --profile class` chapter by chapter; write `class.json` and `class.md` under `reports/bench/`."
+    import subprocess, sys
+    from rag_lab.papers import CHAPTERS
+    slugs = list(only) or list(CHAPTERS)
+    unknown = [s for s in slugs if s not in CHAPTERS]
+    if unknown: raise ValueError(f"unknown chapters {unknown}; chapters are {list(CHAPTERS)}")
+    chapters = {}
+    with tempfile.TemporaryDirectory() as d:
+        env = {k: v for k, v in os.environ.items() if k not in ('RAG_LAB_OUT', 'IN_TEST')}
+        if fresh: env |= dict(RAG_LAB_CACHE=str(fresh_cache(Path(d) / 'cache')), RAG_LAB_LLM_CACHE='off')
+        for slug in slugs:
+            cmd = [str(Path(sys.executable).parent / 'rag-lab'), 'reproduce', '--profile', 'class', '--only', slug,
+                   '--out', f'{d}/{slug}', '--no-progress']
+            t = time.perf_counter(); p = subprocess.run(cmd, env=env, capture_output=True, text=True); s = time.perf_counter() - t
+            if p.returncode: raise RuntimeError(f"`{' '.join(cmd)}` failed (exit {p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+            calls = json.loads((Path(d) / slug / 'reports' / slug / 'run_meta.json').read_text()).get('llm_calls') or {}
+            replayed, computed = calls.get('record', 0) + calls.get('cache', 0), calls.get('computed', 0)
+            chapters[slug] = dict(seconds=round(s, 2), replayed=replayed, computed=computed,
+                                  within_limit=round(s, 2) <= CLASS_SECONDS_LIMIT and computed == 0)
+    r = check_class(dict(cpu=cpu_model(), cores=os.cpu_count(), load_average=[round(x, 2) for x in os.getloadavg()],
+                         limit_seconds=CLASS_SECONDS_LIMIT, cache='fresh' if fresh else 'this checkout\'s', chapters=chapters,
+                         total_seconds=round(sum(c['seconds'] for c in chapters.values()), 2)))
+    rows = pd.DataFrame([dict(chapter=k, seconds=f"{c['seconds']:.1f}", **{'LLM calls replayed': c['replayed'],
+                          'computed': c['computed'], f"within {CLASS_SECONDS_LIMIT:.0f} s": 'yes' if c['within_limit'] else 'no'})
+                         for k, c in chapters.items()])
+    md = (f"# The class profile, chapter by chapter\n\n{r['cpu']}, {r['cores']} cores, load average at the end "
+          f"{r['load_average'][0]}; cache: {r['cache']}; each chapter in its own `rag-lab reproduce --profile class`.\n\n"
+          + markdown_table(rows) + f"\ntotal: {r['total_seconds']:.1f} s\n")
+    bench = out_root(out) / 'reports' / 'bench'
+    atomic_write_text(bench / 'class.md', md)
+    return atomic_write_text(bench / 'class.json', json.dumps(r, indent=1))
+
 # %% ../nbs/09_bench.ipynb #f7a1b2cb
 def cli(argv: Sequence[str] | None = None, # the arguments (default: sys.argv[1:])
        ) -> Path:
-    "`python -m rag_lab.bench` (the BM25 and LLM benchmarks) or `python -m rag_lab.bench fresh ...` (`bench_fresh`)."
+    "`python -m rag_lab.bench` (the BM25 and LLM benchmarks), `... fresh ...` (`bench_fresh`) or `... class ...` (`bench_class`)."
     import argparse, sys
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] != 'fresh': return main()
+    if not argv or argv[0] not in ('fresh', 'class'): return main()
+    if argv[0] == 'class':
+        ap = argparse.ArgumentParser(prog='python -m rag_lab.bench class', description=bench_class.__doc__)
+        ap.add_argument('--only', nargs='+', default=[]); ap.add_argument('--out'); ap.add_argument('--fresh', action='store_true')
+        a = ap.parse_args(argv[1:])
+        path = bench_class(a.only, a.out, a.fresh)
+        print(path.with_suffix('.md').read_text()); print(f"written: {path}")
+        return path
     ap = argparse.ArgumentParser(prog='python -m rag_lab.bench fresh', description=bench_fresh.__doc__)
     ap.add_argument('--profile', default='default'); ap.add_argument('--only', nargs='+', default=[])
     ap.add_argument('--out'); ap.add_argument('--install-seconds', type=float, default=0.0)

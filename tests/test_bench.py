@@ -64,3 +64,48 @@ def test_the_published_benchmark_if_any_is_valid():
     p = REPO / 'reports' / 'bench' / 'fresh.json'
     if not p.exists(): pytest.skip('no published fresh-clone benchmark yet (make bench-fresh writes it)')
     check_fresh(json.loads(p.read_text()))
+
+
+def _class_record(**chapters):
+    from rag_lab.bench import CLASS_SECONDS_LIMIT
+    cs = {k: dict(seconds=s, replayed=10, computed=c, within_limit=s <= CLASS_SECONDS_LIMIT and c == 0) for k, (s, c) in chapters.items()}
+    return dict(cpu='AMD EPYC', cores=2, limit_seconds=CLASS_SECONDS_LIMIT, chapters=cs, total_seconds=sum(s for s, _ in chapters.values()))
+
+
+@pytest.mark.parametrize('edit,message', [
+    (lambda r: r | dict(total_seconds=r['total_seconds'] + 1), 'not the sum'),
+    (lambda r: r | dict(chapters={}), 'no chapters'),
+    (lambda r: r | dict(chapters=r['chapters'] | dict(a=r['chapters']['a'] | dict(seconds=-1.0))), '>= 0'),
+    (lambda r: r | dict(chapters=r['chapters'] | dict(a=r['chapters']['a'] | dict(computed='0'))), '>= 0'),
+    (lambda r: r | dict(chapters=r['chapters'] | dict(b=r['chapters']['b'] | dict(within_limit=True))), 'within_limit'),
+    (lambda r: {k: v for k, v in r.items() if k != 'cpu'}, 'lacks'),
+])
+def test_a_broken_class_record_is_refused(edit, message):
+    from rag_lab.bench import check_class
+    r = _class_record(a=(30.0, 0), b=(75.0, 0))   # b took longer than the limit: not within it
+    assert check_class(r) == r and not r['chapters']['b']['within_limit']
+    with pytest.raises(ValueError, match=message): check_class(edit(r))
+
+
+def test_the_class_benchmark_times_a_real_replay(tmp_path):
+    "One chapter of the class profile through `python -m rag_lab.bench class`: a valid record, every call replayed."
+    import subprocess, sys
+    p = subprocess.run([sys.executable, '-m', 'rag_lab.bench', 'class', '--only', 'reason_verify', '--out', str(tmp_path)],
+                       capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    from rag_lab.bench import check_class
+    r = check_class(json.loads((tmp_path / 'reports' / 'bench' / 'class.json').read_text()))
+    c = r['chapters']['reason_verify']
+    assert c['computed'] == 0 and c['replayed'] > 0, c
+    assert '| reason_verify |' in (tmp_path / 'reports' / 'bench' / 'class.md').read_text()
+
+
+def test_the_readme_quotes_the_committed_class_benchmark():
+    "The README's class timings are the ones `make bench-class` wrote (reports/bench/class.json), each within the limit."
+    from rag_lab.bench import check_class
+    r = check_class(json.loads((REPO / 'reports' / 'bench' / 'class.json').read_text()))
+    text = ' '.join((REPO / 'README.md').read_text().split())
+    for slug, c in r['chapters'].items():
+        assert f"{slug} {c['seconds']:.1f} s" in text, slug
+        assert c['within_limit'], (slug, c)
+    assert f"({r['total_seconds']:.1f} s in all)" in text
