@@ -449,7 +449,7 @@ def test_passage_budget_rule_and_conclusion_reach():
     need = [b for b in (10, 30, 60, 200) if conclusion_reaches(doc, 'aspirin?', b)]
     assert need == [200]   # equally relevant sentences: the first in document order fill the budget, the conclusion last
     assert choose_passage_words({b: s for b, s in zip(PASSAGE_BUDGETS, (0.23, 0.39, 0.52, 0.66))}) == 120
-    assert choose_passage_words({160: 0.9, 50: 0.5}) == 50 and choose_passage_words({50: 0.49, 90: 0.3}) == 90
+    assert choose_passage_words({160: 0.9, 50: 0.5}) == 50 and choose_passage_words({50: 0.49, 90: 0.3}) == 50   # none reaches half: the cheapest
     with pytest.raises(ValueError): choose_passage_words({})
 
 
@@ -459,7 +459,7 @@ class _Biased:
     def __init__(self): self.prompts = []
     def choose_option(self, messages, options, prefix=''):
         self.prompts.append(messages[1]['content'])
-        return ParsedAnswer(status='ok', answer='A', logprobs={k: 0.0 for k in options}, confidence=1 / len(options))
+        return ParsedAnswer(status='ok', answer='A', logprobs={k: -float(j) for j, k in enumerate(options)}, confidence=None)
 
 
 def test_scored_verifier_asks_once_per_statement_with_a_seeded_shuffle():
@@ -478,6 +478,18 @@ def test_scored_verifier_asks_once_per_statement_with_a_seeded_shuffle():
     assert len(set(a[0])) > 2   # a position bias spreads over categories instead of one label
     with pytest.raises(ValueError, match='eight categories'): statement_messages('q', 'e', stmts, 0, list(CATEGORIES)[:-1])
     assert LETTERS == 'ABCDEFGH'
+
+
+def test_scored_verifier_rotations_cancel_a_position_bias_and_pairs_are_disjoint():
+    task = VerifyTask('Does aspirin prevent MI?', '[P1] Aspirin. It inhibits platelets.', ['Aspirin inhibits platelets (P1).', 'It is cheap.'])
+    judge = _Biased()
+    assert ScoredVerifier(judge, seed=3, rotations=range(8)).verify_many([task]) == [[None, None]]   # a pure position bias: a tie, no label
+    assert len(judge.prompts) == 16   # one call per rotation and statement
+    a, a2 = ScoredVerifier.pair(judge, seed=3, per_verifier=2)
+    assert (a.rotations, a2.rotations) == ((0, 4), (2, 6)) and a.order(task, 1) == a2.order(task, 1)   # same base order
+    for r in range(8): assert a.order(task, 0, r) == a.order(task, 0)[r:] + a.order(task, 0)[:r]
+    with pytest.raises(ValueError, match='distinct'): ScoredVerifier(judge, rotations=())
+    with pytest.raises(ValueError, match='1, 2 or 4'): ScoredVerifier.pair(judge, per_verifier=8)
 
 
 def test_legend_order_counts_only_multi_statement_replies():

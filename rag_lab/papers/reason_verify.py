@@ -57,15 +57,15 @@ class ReasonVerifyParams(LLMParams):
                  "only the top-j passages, j < rerank_m (CONTEXT-j), at most n_secondary; None = every verified rationale")
     n_dev: int = Field(100, ge=0, le=100, description="dev items per dataset (`data.dev_items`) the closed book answers to fit "
                  "its dev calibration, the cross-paper chapter's shared calibrated closed book (scored answers only); 0: none")
-    n_dev_rv: int = Field(40, ge=0, le=100, description="dev items per dataset the full pipeline answers (retrieval, rewrite, "
+    n_dev_rv: int = Field(20, ge=0, le=100, description="dev items per dataset the full pipeline answers (retrieval, rewrite, "
                  "rationale, scored answer) to fit its own option offsets: the headline system 'Reason and Verify, calibrated "
                  "on dev' (scored answers only); 0: none")
     shots: str = Field('0,1,2,3,4', description="demonstration counts k of Table 3, comma-separated (paper: 0-4)")
     bm25_k: int = Field(20, ge=1, le=1000)
     rerank_m: int = Field(5, ge=1, le=100)
     passage_words: int | None = Field(None, ge=10, le=2000, description="words kept per passage in the prompt; None: "
-                 "chosen on the dev split, the smallest of PASSAGE_BUDGETS that carries the source abstract's conclusion "
-                 "for at least half the dev questions (`choose_passage_words`, no model call)")
+                 "chosen per dataset on its dev split, the smallest of PASSAGE_BUDGETS that carries the source abstract's "
+                 "conclusion for at least half the dev questions, the smallest if none does (`choose_passage_words`, no model call)")
     reranker: Literal['minilm', 'bge'] = Field('minilm', description="minilm: the embedded MiniLM bi-encoder (cosine clipped "
                  "to [0, 1]); bge: the paper's BGE cross-encoder through FlagEmbedding's FlagReranker (sigmoid of its logit)")
     reranker_model: str | None = Field(None, description="the BGE cross-encoder's folder or hub id for reranker='bge', "
@@ -78,9 +78,12 @@ class ReasonVerifyParams(LLMParams):
     verifier_backend: Backend | None = Field(None, description="verifier A and rewriter; None = the generator's")
     verifier_model: str | None = None
     verifier_mode: Literal['scored', 'json'] | None = Field(None, description="verifier A: scored, each statement's category "
-                 "a scored choice over the eight labels in an order shuffled per call (`ScoredVerifier`, two seeds for its "
-                 "agreement with itself); json: one JSON list of labels per rationale, legend in Table 1's order (`Verifier`); "
+                 "a scored choice over the eight labels lettered in a seeded order, averaged over "
+                 "`verifier_rotations` rotations of it (`ScoredVerifier`; A' on other rotations, for its agreement with itself); json: one JSON list of labels per rationale, legend in Table 1's order (`Verifier`); "
                  "None: scored when verifier A's backend can score a chat prompt, else json")
+    verifier_rotations: Literal[1, 2, 4] = Field(4, description="scored verifier A: option orders averaged per statement "
+                 "(cyclic rotations of a seeded order, one scored call each); A' averages as many other rotations, disjoint "
+                 "from A's (`ScoredVerifier.pair`), for A's agreement with itself")
     verifier2_backend: Backend | None = Field(None, description="verifier B; None = verifier A's")
     verifier2_model: str | None = None
 
@@ -122,7 +125,7 @@ class ReasonVerifyParams(LLMParams):
 PARAMS = ReasonVerifyParams
 PROFILES: dict[str, dict] = {
     'smoke': dict(n=2, n_secondary=1, n_context=1, n_dev=2, n_dev_rv=2, shots='0,1', rerank_m=2, passage_words=30, **{**SMOKE_LLM, 'max_tokens': 64}),
-    'default': dict(n=150, n_secondary=50, n_context=0, shots='0', max_tokens=144),
+    'default': dict(n=150, n_secondary=30, n_context=0, shots='0', max_tokens=144),   # about 6.5 h on one thread (the chapter's sizes)
     'paper': dict(n=None, n_secondary=None, n_context=50, shots='0,1,2,3,4', reranker='bge', tau_evid=0.5, backend='transformers',
                   model='meta-llama/Meta-Llama-3-8B-Instruct', verifier_backend='openai', verifier_model='gpt-4o')}   # profile -> the values it sets
 
@@ -357,13 +360,14 @@ def conclusion_reaches(doc: Document, # the question's source abstract
     return all(i in keep for i in tail) and kept_words <= max_words   # a kept sentence cut at the budget does not count
 
 # %% ../../nbs/11_reason_verify_method.ipynb #a50654ec
-def choose_passage_words(shares: Mapping[int, float], # budget -> share of dev questions whose conclusion reaches the prompt
+def choose_passage_words(shares: Mapping[int, float], # budget -> share of one dataset's dev questions whose conclusion reaches the prompt
                          min_share: float = 0.5, # the share the budget must reach
-                        ) -> int: # the smallest budget reaching it (the largest budget if none does)
-    "The passage budget rule: the smallest budget that carries the conclusion for at least `min_share` of the dev questions."
+                        ) -> int: # the smallest budget reaching it; the smallest budget if none does
+    "The passage budget rule, per dataset: the smallest budget that carries the conclusion for at least `min_share` of the dev questions; if none does, more words buy prompt tokens without the conclusion for most questions, so the smallest."
     if not shares: raise ValueError("no budgets to choose from")
     ok = [b for b in sorted(shares) if shares[b] >= min_share]
-    return ok[0] if ok else max(shares)
+    return ok[0] if ok else min(shares)
+
 
 # %% ../../nbs/11_reason_verify_method.ipynb #2b26f28e
 ANSWER_OPTIONS: dict[str, dict[str, str]] = {'bioasq': {'A': 'yes', 'B': 'no'},
@@ -676,28 +680,58 @@ def statement_messages(question: str, evidence: str, # what the generator read
 
 # %% ../../nbs/11_reason_verify_method.ipynb #634cac54
 class ScoredVerifier:
-    "Verifier A, scored: each statement's category is the most likely of the eight lettered options, in an order shuffled per call."
-    def __init__(self, llm: LLM, seed: int = 42, # the shuffles' seed (two seeds: two independent orders)
+    "Verifier A, scored: each statement's category is the letter the judge finds most likely, over one or more rotations of a seeded option order."
+    def __init__(self, llm: LLM, seed: int = 42, # seeds each statement's base order of the eight categories
+                 rotations: Sequence[int] = (0,), # cyclic shifts of that order, one scored call each (0-7)
                  name: str | None = None):
-        self.llm, self.seed, self.style = llm, seed, 'scored'
-        self.name = name or f'scored, seed {seed} ({llm.model})'
+        rot = tuple(int(r) for r in rotations)
+        if not rot or len(set(rot)) != len(rot) or not all(0 <= r < len(CATEGORIES) for r in rot):
+            raise ValueError(f"rotations must be distinct shifts from 0 to {len(CATEGORIES) - 1}, at least one; got {rotations!r}")
+        self.llm, self.seed, self.rotations, self.style = llm, seed, rot, 'scored'
+        self.name = name or f'scored, seed {seed}, rotations {rot} ({llm.model})'
 
-    def order(self, task: VerifyTask, i: int) -> list[str]:
-        "The categories in the order statement i of `task` sees them (seeded by the seed, the question and the statement)."
+    @classmethod
+    def pair(cls, llm: LLM, seed: int = 42, # the seed both share: the same base order per statement
+             per_verifier: int = 1, # rotations each averages: 1, 2 or 4
+            ) -> tuple['ScoredVerifier', 'ScoredVerifier']: # (A, A'): disjoint rotations, evenly spread
+        "Verifier A and A': the same base orders, disjoint rotations (1: shifts 0 | 4; 2: 0, 4 | 2, 6; 4: even | odd), so every category sits elsewhere for A'."
+        if per_verifier not in (1, 2, 4): raise ValueError(f"per_verifier must be 1, 2 or 4, got {per_verifier!r}")
+        a = tuple(range(0, len(CATEGORIES), len(CATEGORIES) // per_verifier))
+        a2 = tuple(r + len(CATEGORIES) // (2 * per_verifier) for r in a)
+        return cls(llm, seed, a, f'A: scored, rotations {a}'), cls(llm, seed, a2, f"A': scored, rotations {a2}")
+
+    def order(self, task: VerifyTask, i: int, # statement i of `task`
+              rotation: int = 0, # the cyclic shift
+             ) -> list[str]:
+        "The categories as lettered A-H for statement i: its base order (seeded by the seed, the question and the statement) shifted by `rotation`."
         key = zlib.crc32(f'{task.question}\x00{i}\x00{task.statements[i]}'.encode())
-        return [list(CATEGORIES)[j] for j in np.random.default_rng([self.seed, key]).permutation(len(CATEGORIES))]
+        base = [list(CATEGORIES)[j] for j in np.random.default_rng([self.seed, key]).permutation(len(CATEGORIES))]
+        return base[rotation:] + base[:rotation]
+
+    def scores(self, task: VerifyTask, i: int) -> dict[str, float]:
+        "Each category's log-probability, normalised over the eight letters within a call, averaged over the rotations."
+        tot = dict.fromkeys(CATEGORIES, 0.0)
+        for r in self.rotations:
+            opts = dict(zip(LETTERS, self.order(task, i, r)))
+            pa = self.llm.choose_option(statement_messages(task.question, task.evidence, task.statements, i, list(opts.values())),
+                                        opts, prefix='Category:')
+            if not pa.logprobs or set(pa.logprobs) != set(LETTERS): raise ValueError(f"the judge scored {sorted(pa.logprobs or {})}, not the letters {LETTERS}")
+            lp = np.array([pa.logprobs[k] for k in LETTERS], float)
+            for k, v in zip(LETTERS, lp - np.logaddexp.reduce(lp)): tot[opts[k]] += float(v) / len(self.rotations)
+        return tot
 
     def verify_many(self, tasks: Sequence[VerifyTask]) -> list[list[str | None]]:
-        "Labels for every statement of every task: one scored call per statement."
+        "Labels for every statement: the best mean score; an exact tie (what a judge that sees only positions gives over rotations that visit every position) is None."
         out = []
         for t in tasks:
             labels = []
             for i in range(len(t.statements)):
-                opts = dict(zip(LETTERS, self.order(t, i)))
-                pa = self.llm.choose_option(statement_messages(t.question, t.evidence, t.statements, i, list(opts.values())), opts, prefix='Category:')
-                labels.append(opts[pa.answer] if pa.status == 'ok' and pa.answer in opts else None)
+                s = self.scores(t, i)
+                top = [c for c, v in s.items() if v >= max(s.values()) - 1e-9]
+                labels.append(top[0] if len(top) == 1 else None)
             out.append(labels)
         return out
+
 
 # %% ../../nbs/11_reason_verify_method.ipynb #6c07b9c3
 def legend_order(labels: Sequence[Sequence[str | None]], # per rationale, a verifier's labels
