@@ -374,7 +374,7 @@ def test_cost_per_item_is_the_same_on_a_replay_and_refuses_what_it_cannot_divide
 
 
 # --- issue 32: the trigger on the paper's scale, rewrites that cannot help, rationales that reason, a verifier that reads
-from rag_lab.papers.reason_verify import (LETTERS, PAPER_TRIGGER_RATES, PASSAGE_BUDGETS, ScoredVerifier, choose_passage_words,
+from rag_lab.papers.reason_verify import (LETTERS, passage_text, PAPER_TRIGGER_RATES, PASSAGE_BUDGETS, ScoredVerifier, choose_passage_words,
                                           conclusion_reaches, copies_passages, fit_tau_evid, legend_order, rationale_body,
                                           rewrite_problem, role_llm, statement_messages)
 
@@ -446,8 +446,14 @@ def test_copy_rate_sees_tag_lines_and_verbatim_runs_but_not_own_words():
 def test_passage_budget_rule_and_conclusion_reach():
     sents = [f'Sentence {i} says something about aspirin and bleeding risk here.' for i in range(10)]
     doc = Document('d', 'title', ' '.join(sents))
-    need = [b for b in (10, 30, 60, 200) if conclusion_reaches(doc, 'aspirin?', b)]
-    assert need == [200]   # equally relevant sentences: the first in document order fill the budget, the conclusion last
+    need = [b for b in (10, 19, 20, 60, 200) if conclusion_reaches(doc, 'aspirin?', b)]
+    assert need == [20, 60, 200]   # the closing two sentences (10 words each) are kept first, whatever the query
+    doc2 = Document('e', 'title', 'Warfarin was given to the controls. Aspirin lowered stroke risk in trials. '
+                                  'Methods were blinded by the sponsor. So the drug is safe to use.')
+    assert doc2.sentences[-1] == 'So the drug is safe to use.'
+    assert passage_text(doc2, 'Does aspirin lower stroke risk?', 14) == 'title. Methods were blinded by the sponsor. So the drug is safe to use.'   # the conclusion first
+    assert passage_text(doc2, 'Does aspirin lower stroke risk?', 20) == ('title. Aspirin lowered stroke risk in trials. Methods were blinded '
+                                                                        'by the sponsor. So the drug is safe to use.')   # then the query's sentence, in document order
     assert choose_passage_words({b: s for b, s in zip(PASSAGE_BUDGETS, (0.23, 0.39, 0.52, 0.66))}) == 120
     assert choose_passage_words({160: 0.9, 50: 0.5}) == 50 and choose_passage_words({50: 0.49, 90: 0.3}) == 50   # none reaches half: the cheapest
     with pytest.raises(ValueError): choose_passage_words({})

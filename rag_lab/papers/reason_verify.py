@@ -22,20 +22,21 @@ from ..report import accuracy_row, comparison_rows, prior_rows, share_metric
 
 # %% auto #0
 __all__ = ['PARAMS', 'PROFILES', 'CATEGORIES', 'SUPPORTED', 'CLAUSE_MARKERS', 'STOPWORDS', 'PAPER_TRIGGER_RATES',
-           'PASSAGE_BUDGETS', 'ANSWER_OPTIONS', 'RATIONALE_LENGTH', 'FORMAT_EXAMPLE', 'ANSWER_PREFIX', 'AnswerMode',
-           'CONTENT_FREE', 'SUPPORT_LEVELS', 'VERIFIER_STYLES', 'LETTERS', 'LANDIS_KOCH', 'SYSTEMS', 'COMPARISONS',
-           'TABLE2_COLUMNS', 'HEADLINE_PAPER_ROWS', 'SAME_GENERATOR_IN_PAPER', 'CALL_IDENTITY', 'COST_METRICS',
-           'shot_counts', 'ReasonVerifyParams', 'normalize_label', 'faithfulness', 'rationale_verdict',
-           'strip_answer_lines', 'rationale_body', 'content_words', 'segment_rationale', 'query_overlap',
-           'evidence_score', 'rewrite_needed', 'fit_tau_evid', 'rewrite_problem', 'Evidence', 'retrieve_evidence',
-           'passage_text', 'render_evidence', 'conclusion_reaches', 'choose_passage_words', 'answer_lines', 'Demo',
-           'render_demo', 'rationale_messages', 'vanilla_messages', 'closed_book_messages', 'parse_answer',
-           'rationale_prefix', 'answer_direct', 'answer_with_rationale', 'content_free_answers', 'copies_passages',
-           'rewrite_messages', 'parse_rewrite', 'llm_rewriter', 'decision_label', 'direct_schema', 'decomposed_schema',
-           'direct_messages', 'decomposed_messages', 'parse_direct', 'parse_decomposed', 'VerifyTask', 'Verifier',
-           'role_llm', 'statement_messages', 'ScoredVerifier', 'legend_order', 'landis_koch', 'agreement', 'kappa_ci',
-           'decontaminate', 'shares_pmid', 'select_demos', 'static_order', 'faith_coverage', 'headline_paper_values',
-           'headline_rows', 'answer_accuracy', 'answer_note', 'unique_calls', 'call_accounting', 'cost_per_item']
+           'CONCLUSION_SENTENCES', 'PASSAGE_BUDGETS', 'ANSWER_OPTIONS', 'RATIONALE_LENGTH', 'FORMAT_EXAMPLE',
+           'ANSWER_PREFIX', 'AnswerMode', 'CONTENT_FREE', 'SUPPORT_LEVELS', 'VERIFIER_STYLES', 'LETTERS', 'LANDIS_KOCH',
+           'SYSTEMS', 'COMPARISONS', 'TABLE2_COLUMNS', 'HEADLINE_PAPER_ROWS', 'SAME_GENERATOR_IN_PAPER',
+           'CALL_IDENTITY', 'COST_METRICS', 'shot_counts', 'ReasonVerifyParams', 'normalize_label', 'faithfulness',
+           'rationale_verdict', 'strip_answer_lines', 'rationale_body', 'content_words', 'segment_rationale',
+           'query_overlap', 'evidence_score', 'rewrite_needed', 'fit_tau_evid', 'rewrite_problem', 'Evidence',
+           'retrieve_evidence', 'passage_text', 'render_evidence', 'conclusion_reaches', 'choose_passage_words',
+           'answer_lines', 'Demo', 'render_demo', 'rationale_messages', 'vanilla_messages', 'closed_book_messages',
+           'parse_answer', 'rationale_prefix', 'answer_direct', 'answer_with_rationale', 'content_free_answers',
+           'copies_passages', 'rewrite_messages', 'parse_rewrite', 'llm_rewriter', 'decision_label', 'direct_schema',
+           'decomposed_schema', 'direct_messages', 'decomposed_messages', 'parse_direct', 'parse_decomposed',
+           'VerifyTask', 'Verifier', 'role_llm', 'statement_messages', 'ScoredVerifier', 'legend_order', 'landis_koch',
+           'agreement', 'kappa_ci', 'decontaminate', 'shares_pmid', 'select_demos', 'static_order', 'faith_coverage',
+           'headline_paper_values', 'headline_rows', 'answer_accuracy', 'answer_note', 'unique_calls',
+           'call_accounting', 'cost_per_item']
 
 # %% ../../nbs/11_reason_verify_method.ipynb #00811fc0
 def shot_counts(shots: str, # comma-separated demonstration counts, e.g. '0,1,2'
@@ -313,13 +314,16 @@ def retrieve_evidence(question: str, bm25: BM25Index, # the question and the BM2
     return ev
 
 # %% ../../nbs/11_reason_verify_method.ipynb #f2eb2a60
+CONCLUSION_SENTENCES = 2   # an abstract's closing sentences, kept first: its conclusion
+
 def _kept_sentences(doc: Document, query: str, max_words: int) -> tuple[list[str], list[int]]:
-    "The document's sentences and the positions `passage_text` keeps (query-relevant first, within `max_words`)."
+    "The document's sentences and the positions `passage_text` keeps (the conclusion first, then query-relevant sentences, within `max_words`)."
     sents = doc.sentences or ([doc.text] if doc.text else [])
     q = set(content_words(query))
-    rank = sorted(range(len(sents)), key=lambda i: (-len(q & set(content_words(sents[i]))), i))
+    tail = list(range(len(sents) - 1, max(-1, len(sents) - 1 - CONCLUSION_SENTENCES), -1))   # last sentence first
+    rest = sorted((i for i in range(len(sents)) if i not in tail), key=lambda i: (-len(q & set(content_words(sents[i]))), i))
     keep, used = [], 0
-    for i in rank:
+    for i in tail + rest:
         w = len(sents[i].split())
         if used + w > max_words:
             if not keep: keep.append(i); used = max_words  # one over-long sentence: cut it below
@@ -331,7 +335,7 @@ def passage_text(doc: Document, # one passage
                  query: str, # the question (selects the sentences)
                  max_words: int = 90, # word budget for the body
                 ) -> str:
-    "Title plus the query-relevant sentences of `doc`, in document order, within `max_words`."
+    "Title plus the conclusion and the query-relevant sentences of `doc`, in document order, within `max_words`."
     sents, keep = _kept_sentences(doc, query, max_words)
     body = ' '.join(sents[i] for i in keep)
     words = body.split()
@@ -350,7 +354,7 @@ PASSAGE_BUDGETS = (50, 90, 120, 160)   # words per passage considered on dev
 def conclusion_reaches(doc: Document, # the question's source abstract
                        query: str, # the question (selects the sentences, as in the prompt)
                        max_words: int, # the passage budget
-                       last: int = 2, # sentences that make the conclusion
+                       last: int = CONCLUSION_SENTENCES, # sentences that make the conclusion
                       ) -> bool:
     "Whether `passage_text` keeps the last `last` sentences of `doc` whole at `max_words` (an empty document: False)."
     sents, keep = _kept_sentences(doc, query, max_words)
