@@ -13,7 +13,7 @@ from rag_lab.papers.rag2 import (PARAMS, PROFILES, RAG2_SYSTEMS, MiniLMFilter, M
                                  calibrate_filter_threshold, check_mcq, comparison_of, corpus_share, cost_rows, delta_ppl, filter_training_items,
                                  filter_report, format_mcq, helpful_threshold, make_query, out_of_fold_proba,
                                  paired_accuracy_rows, parse_mcq_answer, ppl_labels, rag2_prompt, query_rationale_messages,
-                                 rationale_ppl, retrieve, run_compute)
+                                 rationale_ppl, retrieve, run_compute, EXPERT_SYSTEM, RATIONALE_INSTRUCTION)
 from rag_lab.data import DEV_TAIL, dev_items, load_mirage, nested_sample, test_items
 from rag_lab.metrics import compare_paired
 from rag_lab.config import resolve_params, parse_param
@@ -364,3 +364,24 @@ def test_cost_rows_charge_shared_calls_to_each_system_and_run_compute_counts_the
     fresh = run_compute(calls)
     assert (fresh['calls'], fresh['prompt_tokens'], fresh['completion_tokens'], fresh['seconds']) == (3, 550, 90, 15.0)
     with pytest.raises(ValueError, match='at least one'): cost_rows(calls, {'RAG² / MedQA': 0})
+
+
+# ---------------------------------------------------------------- the committed records, read (issue 31)
+from conftest import used_records
+
+@pytest.mark.parametrize('profile', ['smoke', 'default'])
+def test_every_recorded_prompt_has_the_chapters_system_message(profile):
+    "No prompt the published run uses falls back to the chat template's default system message (e.g. 'You are Qwen...')."
+    recs = used_records('rag2', profile)
+    assert recs, 'no records to read'
+    msgs = [r['request'].get('messages') or r['request'].get('context') for r in recs]
+    bad = [m[-1]['content'][:60] for m in msgs if not (isinstance(m, list) and m[0] == {'role': 'system', 'content': EXPERT_SYSTEM})]
+    assert not bad, f'{len(bad)} of {len(recs)} recorded prompts lack the system message: {bad[:3]}'
+
+@pytest.mark.parametrize('profile', ['default'])
+def test_recorded_rationales_finish(profile):
+    "Rationales that finish: under 5% stop at max_tokens (issue 31's bar), read from the published run's records."
+    gens = [r['value'] for r in used_records('rag2', profile) if r['request']['kind'] == 'chat' and RATIONALE_INSTRUCTION in r['request']['messages'][-1]['content']]
+    assert len(gens) >= 100
+    cut = sum(g['finish_reason'] == 'length' for g in gens)
+    assert cut < 0.05 * len(gens), f'{cut} of {len(gens)} rationales stop at max_tokens'
