@@ -444,6 +444,8 @@ def test_parameters_are_refused_before_work():
     with pytest.raises(ValueError, match='audit_mode=json'): VeriragParams(backend='openai', model='gpt-4o', answer_mode='free_text')
     with pytest.raises(ValueError, match='free_text'): VeriragParams(backend='openai', model='gpt-4o', audit_mode='json')
     assert VeriragParams(secondary_scenarios='NONE').secondary == []
+    with pytest.raises(ValueError, match='audit_calibration=none'): VeriragParams(audit_mode='json', audit_calibration='content_free')
+    assert (VeriragParams().audit_calibration, VeriragParams(audit_mode='json').audit_calibration) == ('content_free', 'none')
     # a calibration of option scores with free-text verdicts (which have none) is refused before any work
     for cal in ('dev', 'content_free'):
         with pytest.raises(ValueError, match=f'calibration={cal} shifts option scores'): VeriragParams(answer_mode='free_text', calibration=cal)

@@ -69,6 +69,7 @@ class VeriragParams(LLMParams):
     n_judge: int = Field(4, ge=1, le=1_000_000, description="distinct papers the second judge re-grades (Table 2): the first papers of the secondary claims in the primary scenario")
     answer_mode: AnswerMode = Field('scored', description="headline protocol: labels scored by option log-probability, or parsed from JSON (the paper's protocol; the other one runs on the secondary claims)")
     audit_mode: AuditMode = Field('scored', description="methods audit: each check a scored choice (A Pass / B Fail / C Uncertain / D NA) after one shared prefix per paper, or the eleven grades as one JSON answer (for backends that cannot score)")
+    audit_calibration: Literal['content_free', 'none'] = Field('content_free', description="scored audit: per-check grade offsets that undo the model's grade prior, read from a content-free report (`audit_offsets`; 11 calls), or none (the most likely letter as it stands); the raw grades are reported beside either way")
     n_degraded: int = Field(40, ge=0, le=100_000, description="abstracts paired with a copy whose methods are degraded (`degrade_methods`), the construct-validity test of the audit; 0: no test")
     calibration: Calibration = Field('dev', description="prior calibration of the scored baselines' Valid / Invalid option scores, shown beside their raw verdicts: none; dev (offsets fitted on the baselines' runs on the training claims); content_free (offsets from one 'N/A' claim per baseline). With answer_mode=free_text (no option scores) the default is none")
 
@@ -92,7 +93,9 @@ class VeriragParams(LLMParams):
     def _calibration_default(cls, data):
         "Free-text verdicts carry no option scores: there the default calibration is 'none' (asking for another is refused below)."
         if isinstance(data, dict) and data.get('answer_mode') == 'free_text' and data.get('calibration') is None:
-            return {**data, 'calibration': 'none'}
+            data = {**data, 'calibration': 'none'}
+        if isinstance(data, dict) and data.get('audit_mode') == 'json' and data.get('audit_calibration') is None:
+            data = {**data, 'audit_calibration': 'none'}   # a JSON audit has no grade scores to shift
         return data
 
     @model_validator(mode='after')
@@ -103,6 +106,8 @@ class VeriragParams(LLMParams):
             raise ValueError(f"n_secondary ({self.n_secondary}) cannot exceed n ({self.n}): secondary claims are the first of the headline's")
         if self.audit_mode == 'scored' and 'score_chat' not in BACKEND_CAPABILITIES[self.backend]:
             raise ValueError(f"audit_mode=scored scores options after a chat prompt, which backend={self.backend} cannot; use audit_mode=json")
+        if self.audit_calibration != 'none' and self.audit_mode != 'scored':
+            raise ValueError(f"audit_calibration={self.audit_calibration} shifts grade scores, which audit_mode={self.audit_mode} does not give; use audit_calibration=none")
         if self.calibration != 'none' and self.answer_mode != 'scored':   # free-text verdicts carry no option scores to shift
             raise ValueError(f"calibration={self.calibration} shifts option scores, which answer_mode={self.answer_mode} does not give; "
                              f"use answer_mode=scored or calibration=none")
