@@ -323,7 +323,9 @@ def test_judge_sample_is_stratified_by_source_and_grade_profile():
     source = {p: 'scifact' if p.startswith('sf') or p == 'mix' else 'healthver' if p.startswith('hv') else 'degraded copy' for p in methods}
     s = judge_sample(methods, source, 4)
     assert sorted(source[p] for p in s) == ['degraded copy', 'healthver', 'scifact', 'scifact'] and 'mix' in s
-    assert len(judge_sample(methods, source, 100)) == len(methods) and judge_sample(methods, source, 4, seed=1) != judge_sample(methods, source, 4, seed=2) or True
+    assert len(judge_sample(methods, source, 100)) == len(methods)
+    first = dict(list(methods.items())[:5]) | {'deg': methods['deg']}                       # a smaller run: the first papers of the same order
+    assert set(judge_sample(first, source, 3)) <= set(judge_sample(methods, source, 40))     # nested: its calls replay from the larger run
 
 def test_each_result_lists_the_calls_behind_it_and_tracing_changes_no_call(tmp_path):
     llm = ScriptedLLM({**SCRIPT, 'Decide whether the evidence supports': 'Snippet [2] says so.'},

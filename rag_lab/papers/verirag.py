@@ -1106,24 +1106,20 @@ def grade_profile(m: PaperMethods) -> str:
     v = set(m.verdicts.values())
     return 'no applicable check' if not v else f'all {v.pop()}' if len(v) == 1 else 'mixed'
 
-def judge_sample(methods: Mapping[str, PaperMethods], # paper id -> judge A's audit
+def judge_sample(methods: Mapping[str, PaperMethods], # paper id -> judge A's audit, in the run's order (claim order)
                  source: Mapping[str, str], # paper id -> its source (claim set, 'degraded copy', ...)
-                 n: int, seed: int = 42) -> list[str]:
-    "Up to `n` papers with applicable checks, drawn round-robin over the strata (source, grade profile), sources interleaved, each stratum in a seeded order."
-    rng = np.random.default_rng(seed)
-    strata: dict[tuple[str, str], list[str]] = {}
-    for pid in sorted(methods):
-        prof = grade_profile(methods[pid])
-        if prof not in ('unparseable', 'no applicable check'): strata.setdefault((source[pid], prof), []).append(pid)
-    by_source: dict[str, list[list[str]]] = {}
-    for (src, _), ids in sorted(strata.items()): by_source.setdefault(src, []).append(list(rng.permutation(ids)))
-    # the first stratum of every source, then the second of every source, ...: a small sample still spans the sources
-    queues = [qs[i] for i in range(max(map(len, by_source.values()), default=0)) for qs in by_source.values() if i < len(qs)]
-    out = []
-    while len(out) < n and any(queues):
-        for q in queues:
-            if q and len(out) < n: out.append(str(q.pop(0)))
-    return out
+                 n: int, # papers wanted
+                ) -> list[str]:
+    "Up to `n` papers with applicable checks, stratified by (source, grade profile): the first ⌈n/4⌉ of each stratum, the strata taking turns."
+    if n < 0: raise ValueError(f"n must be >= 0, got {n}")
+    quota, strata = math.ceil(n / 4), {}
+    for pid, m in methods.items():
+        prof = grade_profile(m)
+        if prof in ('unparseable', 'no applicable check'): continue
+        s = strata.setdefault((source[pid], prof), [])
+        if len(s) < quota: s.append(pid)
+    turns = [s[i] for i in range(quota) for _, s in sorted(strata.items()) if i < len(s)]
+    return turns[:n]
 
 # %% ../../nbs/42_verirag_method.ipynb #fc835a4a
 def second_judge(llm: LLM, methods: Mapping[str, PaperMethods], # paper id -> judge A's methods audit
@@ -1229,14 +1225,15 @@ def degrade_methods(text: str, # an abstract
     return out, kinds + ['selective reporting']
 
 # %% ../../nbs/42_verirag_method.ipynb #a9c0e022
-def degrade_pairs(papers: Sequence[EvidencePaper], # candidate abstracts (only papers: `not_a_paper` ones are skipped)
+def degrade_pairs(papers: Sequence[EvidencePaper], # candidate abstracts, in the run's claim order (only papers: `not_a_paper` ones are skipped)
                   n: int, # pairs wanted
                  ) -> list[tuple[EvidencePaper, EvidencePaper, list[str]]]: # (sound, degraded copy, its edit kinds)
-    "The `n` abstracts where the most kinds of edit apply (ties: the given order), each with its degraded copy (id '<id>~degraded')."
+    "The first `n` abstracts (in the given order) whose methods an edit changes, each with its degraded copy (id '<id>~degraded'); too few: the others fill in."
     if n < 0: raise ValueError(f"n must be >= 0, got {n}")
     cand = []
-    for i, p in enumerate(papers):
+    for p in papers:
         if not_a_paper(p): continue
         text, kinds = degrade_methods(p.text)
-        cand.append((-len(kinds), i, p, EvidencePaper(f'{p.paper_id}~degraded', p.title, text, p.role, p.gold_stance), kinds))
-    return [(p, d, k) for _, _, p, d, k in sorted(cand, key=lambda t: t[:2])[:n]]
+        cand.append((p, EvidencePaper(f'{p.paper_id}~degraded', p.title, text, p.role, p.gold_stance), kinds))
+    # in the given order, so a smaller run (the first claims of each set) gets the first pairs of a larger one
+    return ([c for c in cand if len(c[2]) > 1] + [c for c in cand if len(c[2]) == 1])[:n]
