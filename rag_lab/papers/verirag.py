@@ -1110,7 +1110,7 @@ def judge_sample(methods: Mapping[str, PaperMethods], # paper id -> judge A's au
                  source: Mapping[str, str], # paper id -> its source (claim set, 'degraded copy', ...)
                  n: int, # papers wanted
                 ) -> list[str]:
-    "Up to `n` papers with applicable checks, stratified by (source, grade profile): the first ⌈n/4⌉ of each stratum, the strata taking turns."
+    "Up to `n` papers with applicable checks, stratified by (source, grade profile): the first ⌈n/4⌉ of each stratum, the strata taking turns, sources interleaved."
     if n < 0: raise ValueError(f"n must be >= 0, got {n}")
     quota, strata = math.ceil(n / 4), {}
     for pid, m in methods.items():
@@ -1118,7 +1118,11 @@ def judge_sample(methods: Mapping[str, PaperMethods], # paper id -> judge A's au
         if prof in ('unparseable', 'no applicable check'): continue
         s = strata.setdefault((source[pid], prof), [])
         if len(s) < quota: s.append(pid)
-    turns = [s[i] for i in range(quota) for _, s in sorted(strata.items()) if i < len(s)]
+    by_source: dict[str, list[list[str]]] = {}
+    for (src, _), s in sorted(strata.items()): by_source.setdefault(src, []).append(s)
+    width = max(map(len, by_source.values()), default=0)
+    # turns: the i-th paper of every stratum, the sources interleaved (a small sample still spans them)
+    turns = [ss[j][i] for i in range(quota) for j in range(width) for ss in by_source.values() if j < len(ss) and i < len(ss[j])]
     return turns[:n]
 
 # %% ../../nbs/42_verirag_method.ipynb #fc835a4a
