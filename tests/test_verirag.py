@@ -294,10 +294,11 @@ def test_every_probe_is_a_question(claim, model_text):
 
 def test_features_are_scored_and_every_ciber_probe_prompt_asks_a_question(tmp_path):
     llm = ScriptedLLM({**SCRIPT, 'Decide whether the evidence supports': 'Snippet [2] says so.'}, tmp_path,
-                      choices={('How specific', 'Answer:'): '7', ('How directly', 'Answer:'): '7', ('least evidence', 'Answer:'): 'C'})
+                      choices={('"N/A"', 'Answer:'): 'A', ('How specific', 'Answer:'): '7', ('How directly', 'Answer:'): '7',
+                               ('least evidence', 'Answer:'): 'C'})
     f, detail = claim_features_of(llm, 'Vitamin D reduces falls in adults.')
     assert f.specificity == pytest.approx(f.testability) and 7.0 < f.specificity < 8.0      # the probability-weighted digit, shifted to 1-10
-    assert f.required_standard == 'Settled Science' and detail['probe_sources'] == {'agree_probe': 'template', 'conflict_probe': 'template', 'paraphrase_probe': 'model'}
+    assert (f.required_standard, detail['standard_raw']) == ('Settled Science', 'Settled Science') and detail['probe_sources'] == {'agree_probe': 'template', 'conflict_probe': 'template', 'paraphrase_probe': 'model'}
     assert f.paraphrase_probe == 'Does vitamin D reduce falls in adults?' and f.agree_probe == 'Does the evidence show that vitamin D reduces falls in adults?'
     run_baseline(llm, 'CIBER', _case(), 'TY1', f)
     questions = [m['content'].split('Question: ')[1].split('\n')[0] for r in _contexts(llm) for m in r['context']
@@ -335,7 +336,7 @@ def test_each_result_lists_the_calls_behind_it_and_tracing_changes_no_call(tmp_p
     methods = {p: audit_methods(llm, case.papers[p]) for p in ids}
     assert [len(m.calls) for m in methods.values()] == [K, K]                               # eleven checks each
     ca = audit_claim(llm, case, ids, methods)
-    assert len(ca.feature_calls) == 4 and len(ca.stance_calls) == len(ids)                  # 3 scored features + the probes; one stance per paper
+    assert len(ca.feature_calls) == 5 and len(ca.stance_calls) == len(ids)                  # the standard's prior, 3 scored features, the probes; one stance per paper
     assert ca.calls('TY0') == methods['t1'].calls + ca.feature_calls + ca.stance_calls     # only the scenario's methods audits
     assert ca.calls('TY1') == methods['t1'].calls + methods['g'].calls + ca.feature_calls + ca.stance_calls
     cot = run_baseline(llm, 'COT-RAG', case, 'TY1', ca.features)

@@ -559,7 +559,8 @@ def claim_features_of(llm: LLM, claim: str, mode: AnswerMode = 'scored',
                      ) -> tuple[ClaimFeatures | None, dict]: # (features or None if unparseable, detail: probabilities, probe sources, raw)
     "Prompt 1B: scored ratings and standard plus generated probes (scored), or one JSON answer (free_text); every probe a question."
     if mode not in ANSWER_MODES: raise ValueError(f"answer mode must be one of {ANSWER_MODES}, got {mode!r}")
-    if mode == 'scored':   # four prompts that start with the claim, in a row
+    if mode == 'scored':   # the standard's prior first (cached after the first claim), then four prompts that start with the claim
+        prior = llm.choose_option(feature_messages('N/A', 'required_standard'), STANDARD_LETTERS, prefix='Answer:')
         digits = {d: d for d in '0123456789'}
         s = llm.choose_option(feature_messages(claim, 'specificity'), digits, prefix='Answer:')
         t = llm.choose_option(feature_messages(claim, 'testability'), digits, prefix='Answer:')
@@ -567,10 +568,12 @@ def claim_features_of(llm: LLM, claim: str, mode: AnswerMode = 'scored',
         text = llm.chat(feature_messages(claim, 'probes'), max_tokens=_cap(llm, 96)).text
         probes, src = parse_probes(text, claim)
         # model_construct: the ratings lie in [1, 10] by construction, and a template probe may be longer than PROBE_CHARS
+        lp = apply_option_bias(r.logprobs, content_free_bias(prior.logprobs))   # the letter prior of a content-free claim undone
+        letter = max(STANDARD_LETTERS, key=lambda k: (lp[k], -list(STANDARD_LETTERS).index(k)))
         f = ClaimFeatures.model_construct(specificity=scale_rating(s.logprobs), testability=scale_rating(t.logprobs),
-                                          required_standard=STANDARD_LETTERS[r.answer], **probes)
-        detail = dict(specificity_digit=s.answer, testability_digit=t.answer, standard_logprobs={STANDARD_LETTERS[k]: v for k, v in r.logprobs.items()},
-                      probe_sources=src, raw=[text])
+                                          required_standard=STANDARD_LETTERS[letter], **probes)
+        detail = dict(specificity_digit=s.answer, testability_digit=t.answer, standard_raw=STANDARD_LETTERS[r.answer],
+                      standard_logprobs={STANDARD_LETTERS[k]: v for k, v in r.logprobs.items()}, probe_sources=src, raw=[text])
         return f, detail
     r = _ask_json(llm, features_prompt(claim), ClaimFeatures, max_tokens=_cap(llm, 160))
     if r.status != 'ok': return None, dict(raw=r.raw)
