@@ -589,13 +589,15 @@ def finish_recording() -> int:
     n, _RECORDER = _RECORDER.written, None
     return n
 
-def prune_records(records: CallRecords | None = None) -> dict[str, int]:
-    "Drop every record that no folder's `used.txt.gz` lists (the calls no notebook run uses any more)."
+def prune_records(records: CallRecords | None = None,
+                  only: Sequence[str] | None = None, # chapter slugs whose folders are pruned (None: every chapter's)
+                 ) -> dict[str, int]:
+    "Drop every record that no folder's `used.txt.gz` lists (the calls no notebook run uses any more), in the chapters `only` names."
     records = records if records is not None else call_records()
     used = {k for f in sorted(records.root.glob('*/*/used.txt.gz')) for k in _read_gz_lines(f)}
     out = {}
     for d in sorted(p.parent for p in records.root.glob('*/*/calls-*.jsonl.gz')):
-        if str(d) in out: continue
+        if str(d) in out or (only is not None and d.parent.name not in only): continue   # another chapter's recompute may be under way
         before = len(records.read_folder(d.parent.name, d.name))
         out[str(d)] = before - records.write(d.parent.name, d.name, {}, keep_only=used)
     records._index = None

@@ -324,6 +324,8 @@ def _parser() -> argparse.ArgumentParser:
                     'random sample and compare; prune: drop records no notebook run uses; budget: estimate a fresh '
                     'computation from a sample a `reproduce --fresh` run recomputed')
     rc.add_argument('--sample', type=int, default=20, help='verify: records to recompute (default 20)')
+    rc.add_argument('--only', nargs='+', choices=list(CHAPTERS), help="prune: only these chapters' records (default: every chapter's; "
+                    "a chapter whose recompute is under way keeps records its published run does not use yet)")
     rc.add_argument('--seed', type=int, default=0, help='verify: which random sample')
     rc.add_argument('--cache', help="budget: the sample run's LLM cache (default: this machine's, $RAG_LAB_CACHE/llm/calls.sqlite)")
     rc.add_argument('--profile', default='default', help='budget: whose records (default: default)')
@@ -702,6 +704,7 @@ def records_command(action: str, sample: int = 20, seed: int = 0,
                     cache: str | None = None, # budget: the LLM cache of a `reproduce --fresh` sample run (default: this machine's)
                     profile: str = 'default', # budget: whose records to estimate
                     save: bool = False, # budget: write the estimates beside the records (the runner then orders lanes by them)
+                    only: Sequence[str] | None = None, # prune: these chapters' folders only (None: all)
                    ) -> int:
     "`rag-lab records stats|verify|prune|budget`."
     from rag_lab.calls import LLMCache, call_records, prune_records
@@ -726,7 +729,7 @@ def records_command(action: str, sample: int = 20, seed: int = 0,
               f"(measured with two at a time; retrieval and embeddings not included)")
         return 0
     if action == 'prune':
-        for folder, n in prune_records(recs).items(): print(f"{folder}: {n} record(s) dropped")
+        for folder, n in prune_records(recs, only).items(): print(f"{folder}: {n} record(s) dropped")
         return 0
     if action == 'stats':
         files = sorted(recs.root.glob('*/*/calls-*.jsonl.gz'))
@@ -839,7 +842,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.cmd == 'reproduce':
             return reproduce(a.profile, a.only, a.param, a.out, a.notebooks, not a.no_progress, a.fresh, a.record, a.wait,
                              a.publish, a.jobs, a.allow_fresh)
-        if a.cmd == 'records': return records_command(a.action, a.sample, a.seed, a.cache, a.profile, a.save)
+        if a.cmd == 'records': return records_command(a.action, a.sample, a.seed, a.cache, a.profile, a.save, a.only)
         if a.cmd == 'list': return list_command()
         if a.cmd == 'params': return params_command(a.slug)
         if a.cmd == 'readme': return readme_command(a.check, a.readme, a.out)

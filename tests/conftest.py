@@ -65,6 +65,14 @@ def out_env(tmp_path, monkeypatch) -> Path:
     return tmp_path / 'out'
 
 
+
+def used_records(slug: str, profile: str) -> list[dict]:
+    "The committed records a chapter's published run uses (`records/<slug>/<profile>/used.txt.gz`), parsed."
+    import gzip, json
+    folder = REPO / 'records' / slug / profile
+    used = set(gzip.decompress((folder / 'used.txt.gz').read_bytes()).decode().split())
+    return [r for f in sorted(folder.glob('calls-*.jsonl.gz')) for line in gzip.open(f, 'rt') if (r := json.loads(line))['key'] in used]
+
 # A test fixture, not library code: a tiny random Llama checkpoint for the transformers backend (no hub here).
 from pathlib import Path
 def build_tiny_checkpoint(dest: Path | str, # folder to write

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rag_lab import data   # the module, not `from rag_lab.data import test_items`: pytest would collect that name
 from rag_lab.config import PROFILES, resolve_params
-from rag_lab.papers.rag2 import eval_train_split
+from rag_lab.papers.rag2 import filter_training_items
 from rag_lab.papers.verirag import claim_cases
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,9 +39,10 @@ def all_ids(ds: str) -> set:
 # test_chapters_still_sample_this_way fails when a chapter draws its items another way.
 SAMPLE_LINES = {
     'reason_verify': ('10_reason_verify.ipynb', ["items = {ds: test_items(ds, P.n, seed=P.seed)", "train = load_pubmedqa('train')"]),
-    'rag2': ('30_rag2.ipynb', ["med_eval, trainset = eval_train_split('medmcqa', P.n, P.train_n, seed=P.seed)",
-                               "test_items(d, P.n, seed=P.seed) for d in RUN_DS",
-                               "samples['pubmedqa'] = test_items('pubmedqa', P.n_pubmedqa, seed=P.seed)"]),
+    'rag2': ('30_rag2.ipynb', ["samples = {d: test_items(d, P.n, seed=P.seed) for d in RUN_DS}",
+                               "samples['pubmedqa'] = test_items('pubmedqa', P.n_pubmedqa, seed=P.seed)",
+                               "samples['bioasq'] = test_items('bioasq', P.n_bioasq, seed=P.seed)",
+                               "trainset = filter_training_items(TRAIN_DS, P.train_n, seed=P.seed)"]),
     'pubmed_reasoner': ('50_pubmed_reasoner.ipynb', ["pq = test_items('pubmedqa', P.n, P.seed)", "ck = test_items('mmlu_ck', P.n_mmlu, P.seed)"]),
     'comparison': ('60_comparison.ipynb', ["items = shared_items(load_predictions(SOURCE, P.dataset, available), P.min_shared)"]),
     'verirag': ('40_verirag.ipynb', ["test_cases = claim_cases(P.claim_sets, 'test', P.n, P.seed)",
@@ -66,11 +67,11 @@ def mirage_pairs(name: str, headline, dev) -> list[tuple[str, set, set]]:
     return out
 
 def rag2_items(P) -> tuple[dict, object]:
-    "RAG²'s headline samples per dataset and its filter's training questions, as its chapter draws them."
-    med_eval, trainset = eval_train_split('medmcqa', P.n, P.train_n, seed=P.seed)
-    samples = {d: med_eval if d == 'medmcqa' else data.test_items(d, P.n, seed=P.seed) for d in P.datasets.split(',')}
-    if P.n_pubmedqa: samples['pubmedqa'] = data.test_items('pubmedqa', P.n_pubmedqa, seed=P.seed)
-    return samples, trainset
+    "RAG²'s headline and co-headline samples per dataset and its filter's training questions, as its chapter draws them."
+    samples = {d: data.test_items(d, P.n, seed=P.seed) for d in P.datasets.split(',')}
+    if P.n_pubmedqa != 0: samples['pubmedqa'] = data.test_items('pubmedqa', P.n_pubmedqa, seed=P.seed)
+    if P.n_bioasq != 0: samples['bioasq'] = data.test_items('bioasq', P.n_bioasq, seed=P.seed)
+    return samples, filter_training_items(P.train_datasets.split(','), P.train_n, seed=P.seed)
 
 def headline_vs_dev(slug: str, profile: str) -> list[tuple[str, set, set]]:
     "Every (check, headline keys, dev keys) of a chapter under a profile."
@@ -87,7 +88,8 @@ def headline_vs_dev(slug: str, profile: str) -> list[tuple[str, set, set]]:
     if slug == 'rag2':
         samples, trainset = rag2_items(P)
         out = [p for d, s in samples.items() for p in mirage_pairs(d, s, data.dev_items(d, P.seed))]
-        return out + [('medmcqa filter training', set(samples['medmcqa'].id), set(trainset.id))]
+        return out + [(f'{d} filter training', set(samples[d].id) if d in samples else set(), set(trainset.id[trainset.dataset == d]))
+                      for d in P.train_datasets.split(',')]
     if slug == 'pubmed_reasoner':
         return (mirage_pairs('pubmedqa', data.test_items('pubmedqa', P.n, P.seed), data.dev_items('pubmedqa', P.seed))
                 + mirage_pairs('mmlu_ck', data.test_items('mmlu_ck', P.n_mmlu, P.seed), data.dev_items('mmlu_ck', P.seed)))
@@ -142,15 +144,16 @@ def test_chapters_still_sample_this_way(slug):
     for line in needed: assert line in code, f"{nb} no longer contains {line!r}"
 
 @pytest.mark.parametrize('profile', PROFILES)
-def test_rag2_filter_trains_inside_medmcqa_dev(profile):
+def test_rag2_filter_trains_inside_the_dev_splits(profile):
     P = resolve_params('rag2', profile)
     samples, trainset = rag2_items(P)
-    dev = data.dev_items('medmcqa', P.seed)
-    assert len(trainset) == P.train_n and set(trainset.id) <= set(dev.id)
-    perm = data.nested_sample(data.load_mirage('medmcqa'), None, P.seed)   # what it took before the dev split: the same items
-    assert trainset.id.tolist() == perm.id[len(perm) - P.train_n:].tolist()
+    for d in P.train_datasets.split(','):
+        got, dev = trainset[trainset.dataset == d], data.dev_items(d, P.seed)
+        assert len(got) == P.train_n and set(got.id) <= set(dev.id)
+        assert got.id.tolist() == dev.id[len(dev) - P.train_n:].tolist()   # the end of the dev split
+        assert not set(got.id) & set(data.test_items(d, None, seed=P.seed).id)
     with pytest.raises(ValueError, match="medmcqa's dev split, which holds 1000"):
-        eval_train_split('medmcqa', P.n, data.DEV_TAIL['medmcqa'] + 1, seed=P.seed)
+        filter_training_items(['medmcqa'], data.DEV_TAIL['medmcqa'] + 1, seed=P.seed)
 
 @pytest.mark.parametrize('ds', list(data.DEV_SPLITS))
 def test_test_items_refuses_an_n_that_reaches_dev(ds):
@@ -178,7 +181,7 @@ def test_paper_profile_n_none_is_the_pool_minus_dev(slug):
         whole = all_ids(ds)
         if ds == 'pubmedqa': assert set(head.id) == whole and not overlap(head.id, dev.id)   # its dev split is PQA-L train
         else: assert set(head.id) == whole - set(dev.id) and len(head) == len(whole) - data.DEV_TAIL[ds]
-    if slug == 'rag2':   # MedMCQA through eval_train_split: the pool too, whatever train_n
+    if slug == 'rag2':   # MedMCQA's headline: the pool too, whatever train_n
         samples, _ = rag2_items(P)
         assert len(samples['medmcqa']) == 4183 - data.DEV_TAIL['medmcqa']
 

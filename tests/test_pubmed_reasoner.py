@@ -517,15 +517,9 @@ def test_an_oversized_answer_is_refused():
     finally: srv.close()
 
 # ---------------------------------------------------------------- the committed records, read (issue 29)
-import gzip
-from pathlib import Path
-RECORDS = Path(__file__).resolve().parents[1] / 'records' / 'pubmed_reasoner'
+from conftest import used_records
 
-def _used_records(profile: str) -> list[dict]:
-    "The records a published run of this chapter uses (its `used.txt.gz`), parsed."
-    folder = RECORDS / profile
-    used = set(gzip.decompress((folder / 'used.txt.gz').read_bytes()).decode().split())
-    return [r for f in sorted(folder.glob('calls-*.jsonl.gz')) for line in gzip.open(f, 'rt') if (r := json.loads(line))['key'] in used]
+def _used_records(profile: str) -> list[dict]: return used_records('pubmed_reasoner', profile)
 
 def _user_text(rec: dict) -> str:
     m = rec['request'].get('messages') or rec['request'].get('context') or []

@@ -10,11 +10,11 @@ from rag_lab.calls import LLMCache, Ledger
 from rag_lab.llm import LlamaCppLLM
 from rag_lab.text import Corpus, Document
 from rag_lab.papers.rag2 import (PARAMS, PROFILES, RAG2_SYSTEMS, MiniLMFilter, MultiCorpus, answer_item, answer_messages, apply_filter,
-                                 calibrate_filter_threshold, check_mcq, comparison_of, corpus_share, cost_rows, delta_ppl, eval_train_split,
+                                 calibrate_filter_threshold, check_mcq, comparison_of, corpus_share, cost_rows, delta_ppl, filter_training_items,
                                  filter_report, format_mcq, helpful_threshold, make_query, out_of_fold_proba,
                                  paired_accuracy_rows, parse_mcq_answer, ppl_labels, rag2_prompt, query_rationale_messages,
-                                 rationale_ppl, retrieve, run_compute)
-from rag_lab.data import DEV_TAIL, dev_items, load_mirage, nested_sample
+                                 rationale_ppl, retrieve, run_compute, EXPERT_SYSTEM, RATIONALE_INSTRUCTION)
+from rag_lab.data import DEV_TAIL, dev_items, load_mirage, nested_sample, test_items
 from rag_lab.metrics import compare_paired
 from rag_lab.config import resolve_params, parse_param
 import pandas as pd
@@ -105,10 +105,10 @@ def test_all_snippets_filtered_out_falls_back_to_closed_book(minilm_filter):
     msgs, kept, fallback = rag2_prompt(minilm_filter, Q, OPTS, ['d1', 'd2'], docs, threshold=0.5)
     assert kept == [] and fallback
     assert msgs == answer_messages(Q, OPTS)  # exactly the no-retrieval prompt
-    assert not any(d in msgs[0]['content'] for d in docs) and 'Documents' not in msgs[0]['content']
+    assert not any(d in msgs[-1]['content'] for d in docs) and 'Documents' not in msgs[-1]['content']
     # the same step with one helpful snippet among them keeps it, and only it
     msgs, kept, fallback = rag2_prompt(minilm_filter, Q, OPTS, ['d1', 'd3'], [docs[0], 'Scurvy results from vitamin C deficiency.'], 0.5)
-    assert kept == ['d3'] and not fallback and 'Scurvy results' in msgs[0]['content'] and docs[0] not in msgs[0]['content']
+    assert kept == ['d3'] and not fallback and 'Scurvy results' in msgs[-1]['content'] and docs[0] not in msgs[-1]['content']
     assert rag2_prompt(minilm_filter, Q, OPTS, [], [], 0.5) == (answer_messages(Q, OPTS), [], True)  # nothing retrieved
     none_helpful = MiniLMFilter().fit([Q, Q], docs, [0, 0])  # labels of one class: a constant filter, no crash
     assert none_helpful.predict_proba([Q] * 2, docs).tolist() == [0.0, 0.0]
@@ -212,72 +212,35 @@ def test_query_variants():
 
 @settings(max_examples=25, deadline=None)
 @given(st.data())
-def test_eval_train_split_is_nested_leak_free_and_stable(data):
-    "Evaluation = the headline items every paper sees; training = the end of MedMCQA's declared dev split, never among them."
-    n_train = data.draw(st.integers(0, DEV_TAIL['medmcqa']))
-    n_eval = data.draw(st.integers(0, 4183 - DEV_TAIL['medmcqa']))
+def test_filter_training_items_are_the_end_of_each_dev_split(data):
+    "Training = the end of each dataset's declared dev split: never an evaluation item, whatever n and seed."
+    n_train = data.draw(st.integers(1, DEV_TAIL['bioasq']))
     seed = data.draw(st.integers(0, 2**32 - 1))
-    ev, tr = eval_train_split('medmcqa', n_eval, n_train, seed)
-    perm = nested_sample(load_mirage('medmcqa'), None, seed)
-    assert ev.id.tolist() == perm.id[:n_eval].tolist()                       # the nested sample every paper sees
-    assert tr.id.tolist() == perm.id[len(perm) - n_train:].tolist()          # the end of the permutation, as before the dev split
-    assert set(tr.id) <= set(dev_items('medmcqa', seed).id) and not set(ev.id) & set(tr.id)
-    ev_all, tr_all = eval_train_split('medmcqa', None, n_train, seed)   # the largest evaluation set still excludes training
-    assert tr_all.id.tolist() == tr.id.tolist() and len(ev_all) == 4183 - DEV_TAIL['medmcqa']
-    assert ev_all.id.tolist()[:n_eval] == ev.id.tolist()                     # nested
+    tr = filter_training_items(['medmcqa', 'bioasq'], n_train, seed)
+    for d in ('medmcqa', 'bioasq'):
+        perm = nested_sample(load_mirage(d), None, seed)
+        got = tr[tr.dataset == d]
+        assert got.id.tolist() == perm.id[len(perm) - n_train:].tolist()     # the end of the permutation
+        assert set(got.id) <= set(dev_items(d, seed).id) and not set(got.id) & set(test_items(d, None, seed).id)
 
 
-def test_eval_train_split_refuses_impossible_sizes():
-    with pytest.raises(ValueError, match='headline pool holds 3183'): eval_train_split('medmcqa', 3184, 3)
-    with pytest.raises(ValueError, match="dev split, which holds 1000"): eval_train_split('medmcqa', 1, 1001)
-    with pytest.raises(ValueError, match="dev split, which holds 1000"): eval_train_split('medmcqa', 1, -1)
-
-
-# ---------------------------------------------------------------- the paper's seq2seq filter path (tiny random T5)
-def _tiny_t5(dest):
-    "A tiny random T5 with a word-level tokenizer: the Flan-T5 code path without the 770M weights."
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, T5Config, T5ForConditionalGeneration
-    import torch
-    words = ("given the following evidence decide whether it helps answer question evidence : which vitamin deficiency "
-             "causes scurvy results from c the weather will be sunny football scores").split()
-    raw = Tokenizer(models.WordLevel(unk_token='<unk>'))
-    raw.normalizer = normalizers.Lowercase()
-    raw.pre_tokenizer = pre_tokenizers.Whitespace()
-    raw.train_from_iterator([' '.join(words)], trainers.WordLevelTrainer(special_tokens=['<pad>', '</s>', '<unk>']))
-    tok = PreTrainedTokenizerFast(tokenizer_object=raw, pad_token='<pad>', eos_token='</s>', unk_token='<unk>')
-    torch.manual_seed(0)
-    cfg = T5Config(vocab_size=len(tok), d_model=32, d_ff=64, d_kv=8, num_layers=1, num_heads=4, pad_token_id=0,
-                   eos_token_id=1, decoder_start_token_id=0)
-    T5ForConditionalGeneration(cfg).save_pretrained(dest); tok.save_pretrained(dest)
-    return dest
-
-
-def test_seq2seq_filter_trains_on_two_label_tokens_and_windows_long_snippets(tmp_path):
-    from rag_lab.papers.rag2 import Seq2SeqFilter, make_filter
-    path = str(_tiny_t5(tmp_path / 't5'))
-    f = make_filter(path, max_length=48, stride=8, lr=1e-2, epochs=300, batch_size=4)
-    assert isinstance(f, Seq2SeqFilter) and len(set(f.label_ids)) == 2
-    qs = [Q] * 4
-    sn = ['Scurvy results from vitamin C deficiency.', 'vitamin C deficiency causes scurvy',
-          'The weather will be sunny.', 'football scores']
-    f.fit(qs, sn, [1, 1, 0, 0])
-    p = f.predict_proba(qs, sn)
-    assert p.shape == (4,) and ((p >= 0.5).astype(int) == [1, 1, 0, 0]).all()
-    long_snip = ' '.join(['the weather will be sunny'] * 30)
-    assert len(f.tok(long_snip)['input_ids']) > f.max_length  # longer than the window: several windows, one probability
-    assert f.predict_proba([Q], [long_snip]).shape == (1,)
+def test_filter_training_items_refuse_impossible_sizes():
+    with pytest.raises(ValueError, match="medmcqa's dev split, which holds 1000"): filter_training_items(['medmcqa'], 1001)
+    with pytest.raises(ValueError, match="bioasq's dev split, which holds 100"): filter_training_items(['medmcqa', 'bioasq'], 101)
+    with pytest.raises(ValueError, match="dev split"): filter_training_items(['pubmedqa'], 0)
 
 
 # ---------------------------------------------------------------- parameters of the headline
 def test_headline_parameters_are_validated_before_work():
     p = resolve_params('rag2', 'default')
-    assert (p.n, p.n_secondary, p.n_pubmedqa, p.answer_mode, p.table5_models) == (50, 17, 150, 'scored', '')
+    assert (p.n, p.n_secondary, p.n_pubmedqa, p.n_bioasq, p.answer_mode, p.table5_models) == (50, 17, 150, 150, 'scored', '')
+    assert (p.train_datasets, p.train_n, p.label_k, p.label_kind, p.max_tokens, p.snippet_words) == ('medmcqa,pubmedqa,bioasq', 50, 2, 'dev', 160, 120)
     assert parse_param('rag2', 'answer_mode', 'free_text') == 'free_text'
-    for name, bad in [('answer_mode', 'guess'), ('n_pubmedqa', '-1'), ('n_secondary', '0'), ('pubmedqa_systems', 'closed book'),
-                      ('pubmedqa_systems', 'RAG²,oracle'), ('topk_grid', '1,0'), ('topk_grid', 'x')]:
+    for name, bad in [('answer_mode', 'guess'), ('n_pubmedqa', '-1'), ('n_bioasq', '-1'), ('n_secondary', '0'), ('yesno_systems', 'closed book'),
+                      ('yesno_systems', 'RAG²,oracle'), ('topk_grid', '1,0'), ('topk_grid', 'x'), ('label_kind', 'vote'),
+                      ('train_datasets', 'medmcqa,scifact'), ('train_n', '0')]:
         with pytest.raises(ValueError): parse_param('rag2', name, bad)
-    assert PARAMS(pubmedqa_systems='RAG² , standard RAG').pubmedqa_systems == 'RAG²,standard RAG'
+    assert PARAMS(yesno_systems='RAG² , standard RAG').yesno_systems == 'RAG²,standard RAG'
     assert set(PROFILES) == {'smoke', 'default', 'paper'} and PROFILES['paper']['n'] is None
 
 
@@ -401,3 +364,24 @@ def test_cost_rows_charge_shared_calls_to_each_system_and_run_compute_counts_the
     fresh = run_compute(calls)
     assert (fresh['calls'], fresh['prompt_tokens'], fresh['completion_tokens'], fresh['seconds']) == (3, 550, 90, 15.0)
     with pytest.raises(ValueError, match='at least one'): cost_rows(calls, {'RAG² / MedQA': 0})
+
+
+# ---------------------------------------------------------------- the committed records, read (issue 31)
+from conftest import used_records
+
+@pytest.mark.parametrize('profile', ['smoke', 'default'])
+def test_every_recorded_prompt_has_the_chapters_system_message(profile):
+    "No prompt the published run uses falls back to the chat template's default system message (e.g. 'You are Qwen...')."
+    recs = used_records('rag2', profile)
+    assert recs, 'no records to read'
+    msgs = [r['request'].get('messages') or r['request'].get('context') for r in recs]
+    bad = [m[-1]['content'][:60] for m in msgs if not (isinstance(m, list) and m[0] == {'role': 'system', 'content': EXPERT_SYSTEM})]
+    assert not bad, f'{len(bad)} of {len(recs)} recorded prompts lack the system message: {bad[:3]}'
+
+@pytest.mark.parametrize('profile', ['default'])
+def test_recorded_rationales_finish(profile):
+    "Rationales that finish: under 5% stop at max_tokens (issue 31's bar), read from the published run's records."
+    gens = [r['value'] for r in used_records('rag2', profile) if r['request']['kind'] == 'chat' and RATIONALE_INSTRUCTION in r['request']['messages'][-1]['content']]
+    assert len(gens) >= 100
+    cut = sum(g['finish_reason'] == 'length' for g in gens)
+    assert cut < 0.05 * len(gens), f'{cut} of {len(gens)} rationales stop at max_tokens'

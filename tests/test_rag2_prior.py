@@ -11,7 +11,7 @@ from rag_lab.parsing import ParsedAnswer
 from rag_lab.metrics import content_free_bias, gold_logprob
 from rag_lab.report import GOLD_LOGPROB, MARGIN_AUROC, calibration_offsets, calibration_rows
 from rag_lab.papers.rag2 import (CONTENT_FREE, RAG2_SYSTEMS, answer_messages, comparison_of, content_free_answers, headline_rows,
-                                 paired_accuracy_rows)
+                                 paired_accuracy_rows, EXPERT_SYSTEM)
 
 OPTS = {'A': 'Vitamin A', 'B': 'Vitamin C', 'C': 'Vitamin D', 'D': 'Vitamin K'}
 SYS = ['closed book', 'RAG²']
@@ -106,7 +106,7 @@ def test_content_free_prompts_of_each_system():
     m, rejecting = _Seen(), _Const(0.1)
     cf = content_free_answers(m, OPTS, rejecting, threshold=0.5, top_k=3)
     assert list(cf) == list(RAG2_SYSTEMS)
-    texts = [msgs[0]['content'] for msgs, _, _ in m.asked]
+    texts = [msgs[-1]['content'] for msgs, _, _ in m.asked]
     assert not any('Vitamin' in t or 'scurvy' in t for t in texts)                         # no content of a real item
     assert all(opts == {k: CONTENT_FREE for k in OPTS} and prefix == 'Answer:' for _, opts, prefix in m.asked)
     assert cf['closed book']['messages'] == answer_messages(CONTENT_FREE, {k: CONTENT_FREE for k in OPTS})
@@ -114,7 +114,8 @@ def test_content_free_prompts_of_each_system():
         CONTENT_FREE, {k: CONTENT_FREE for k in OPTS}, [CONTENT_FREE] * 3)
     assert cf['RAG²']['messages'] == cf['closed book']['messages'] and cf['RAG²']['snippets'] == 0   # filtered out: the fallback
     assert rejecting.seen == [([f'{CONTENT_FREE}\n' + '\n'.join(f'{k}. {CONTENT_FREE}' for k in OPTS)] * 3, [CONTENT_FREE] * 3)]   # the filter saw them
-    assert all(len(m) == 1 and m[0]['role'] == 'user' for m in (a['messages'] for a in cf.values()))   # no system message, as the headline's
+    assert all([x['role'] for x in m] == ['system', 'user'] and m[0]['content'] == EXPERT_SYSTEM
+               for m in (a['messages'] for a in cf.values()))   # the chapter's system message, as the headline's
     kept = content_free_answers(_Seen(), OPTS, _Const(0.9), 0.5, 3, systems=['RAG²'])['RAG²']
     assert kept['messages'] == cf['standard RAG']['messages'] and kept['snippets'] == 3
     off = content_free_bias(cf['closed book']['answer'].logprobs)
@@ -124,8 +125,8 @@ def test_content_free_prompts_of_each_system():
 def test_content_free_keeps_answer_labels_and_refuses_unknown_systems():
     m = _Seen()
     yn = content_free_answers(m, {'A': 'yes', 'B': 'no', 'C': 'maybe'}, None, 0.5, 1, systems=['closed book'], label_options=True)
-    assert 'A. yes\nB. no\nC. maybe' in yn['closed book']['messages'][0]['content']
-    assert 'Question:\nN/A\n' in yn['closed book']['messages'][0]['content']
+    assert 'A. yes\nB. no\nC. maybe' in yn['closed book']['messages'][-1]['content']
+    assert 'Question:\nN/A\n' in yn['closed book']['messages'][-1]['content']
     with pytest.raises(ValueError, match='no content-free prompt'): content_free_answers(m, OPTS, None, 0.5, 1, systems=['oracle'])
     with pytest.raises(ValueError, match='top_k'): content_free_answers(m, OPTS, None, 0.5, 0)
     # the offsets as a chapter writes them (its `calibration` table), read back for the cross-paper chapter

@@ -285,3 +285,19 @@ def test_records_stats_names_a_damaged_shard_instead_of_a_traceback(tmp_path):
     env = {**os.environ, 'RAG_LAB_RECORDS_DIR': str(tmp_path / 'records')}
     r = subprocess.run([str(Path(sys.executable).parent / 'rag-lab'), 'records', 'stats'], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2 and 'calls-all.jsonl.gz' in r.stderr and 'Traceback' not in r.stderr, (r.returncode, r.stderr[-800:])
+
+
+def test_records_prune_only_leaves_other_chapters_in_progress_records(tmp_path, monkeypatch):
+    "`rag-lab records prune --only rag2` drops rag2's unused records and keeps verirag's (a recompute under way there)."
+    import gzip
+    from rag_lab.runner import main
+    recs = CallRecords(tmp_path / 'records')
+    for slug in ('rag2', 'verirag'):
+        used, stale = LLMCache.key(kind='x', slug=slug, n=1), LLMCache.key(kind='x', slug=slug, n=2)
+        recs.write(slug, 'default', {k: dict(request=dict(kind='x', slug=slug, n=n), value={'text': 'a'}) for k, n in ((used, 1), (stale, 2))})
+        (recs.folder(slug, 'default') / 'used.txt.gz').write_bytes(gzip.compress(f'{used}\n'.encode()))
+    monkeypatch.setenv('RAG_LAB_RECORDS_DIR', str(tmp_path / 'records'))
+    assert main(['records', 'prune', '--only', 'rag2']) == 0
+    after = CallRecords(tmp_path / 'records')
+    assert (len(after.read_folder('rag2', 'default')), len(after.read_folder('verirag', 'default'))) == (1, 2)
+    with pytest.raises(SystemExit): main(['records', 'prune', '--only', 'nosuchpaper'])

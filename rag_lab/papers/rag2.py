@@ -13,7 +13,7 @@ import pandas as pd
 from ..retrieval import BM25Index, DenseIndex, Reranker, SentenceTransformerEncoder, rrf, IndexReranker
 from ..text import Corpus, Document, sliding_windows
 from ..data import DEV_SPLITS, dev_items, test_items
-from ..metrics import bootstrap_ci, accuracy, compare_paired
+from ..metrics import bootstrap_ci, accuracy, compare_paired, gold_logprob
 from ..parsing import ParsedAnswer, parse_answer_statement, parse_mcq_answer, parse_option
 from ..config import quiet_loading, LLMParams, SMOKE_LLM, comma_list_of
 from ..llm import LLM
@@ -22,14 +22,16 @@ from pydantic import Field, field_validator
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['RAG2_SYSTEMS', 'PARAMS', 'PROFILES', 'RATIONALE_INSTRUCTION', 'ANSWER_INSTRUCTION', 'ANSWER_MODES',
-           'FREE_TEXT_TOKENS', 'QUERY_VARIANTS', 'STRATEGIES', 'FILTER_TEMPLATE', 'CONTENT_FREE', 'PREFILL_TPS',
-           'DECODE_TPS', 'Rag2Params', 'check_mcq', 'format_mcq', 'snippet_text', 'query_rationale_messages',
-           'answer_messages', 'cot_followup_messages', 'answer_item', 'strip_final_answer', 'make_query', 'MultiCorpus',
-           'retrieve', 'corpus_share', 'rationale_ppl', 'delta_ppl', 'helpful_threshold', 'ppl_labels', 'MiniLMFilter',
-           'Seq2SeqFilter', 'make_filter', 'apply_filter', 'calibrate_filter_threshold', 'out_of_fold_proba',
-           'filter_report', 'rag2_prompt', 'eval_train_split', 'paired_accuracy_rows', 'comparison_of', 'headline_rows',
-           'content_free_answers', 'cost_rows', 'run_compute']
+__all__ = ['RAG2_SYSTEMS', 'PARAMS', 'PROFILES', 'EXPERT_SYSTEM', 'RATIONALE_INSTRUCTION', 'ANSWER_INSTRUCTION',
+           'JUDGE_INSTRUCTION', 'ANSWER_MODES', 'FREE_TEXT_TOKENS', 'QUERY_VARIANTS', 'STRATEGIES', 'LABEL_KINDS',
+           'FILTER_TEMPLATE', 'CONTENT_FREE', 'PREFILL_TPS', 'DECODE_TPS', 'Rag2Params', 'check_mcq', 'format_mcq',
+           'system_messages', 'snippet_text', 'query_rationale_messages', 'answer_messages', 'judge_messages',
+           'cot_followup_messages', 'answer_item', 'strip_final_answer', 'make_query', 'MultiCorpus', 'retrieve',
+           'corpus_share', 'option_in_snippets', 'rationale_ppl', 'delta_ppl', 'helpful_threshold', 'ppl_labels',
+           'gold_gain', 'gain_labels', 'MiniLMFilter', 'Seq2SeqFilter', 'make_filter', 'apply_filter',
+           'calibrate_filter_threshold', 'out_of_fold_proba', 'filter_report', 'rag2_prompt', 'label_choice',
+           'filter_training_items', 'paired_accuracy_rows', 'comparison_of', 'headline_rows', 'content_free_answers',
+           'cost_rows', 'run_compute']
 
 # %% ../../nbs/31_rag2_method.ipynb #91d604bc
 RAG2_SYSTEMS = ('closed book', 'standard RAG', 'RAG² without filter', 'RAG²')   # the headline systems, simplest first
@@ -37,8 +39,9 @@ RAG2_SYSTEMS = ('closed book', 'standard RAG', 'RAG² without filter', 'RAG²') 
 class Rag2Params(LLMParams):
     "RAG² (paper 3)."
     n_secondary: int | None = Field(None, ge=1, le=1_000_000, description="questions per dataset for the secondary cells: the first of the headline's (at most n); None = n")
-    n_pubmedqa: int = Field(150, ge=0, le=1_000_000, description="PubMedQA* questions (extension; 0 = skip)")
-    pubmedqa_systems: str = Field('closed book,RAG²', description="systems run on PubMedQA*, comma-separated (RAG² always)")
+    n_pubmedqa: int | None = Field(150, ge=0, le=1_000_000, description="PubMedQA* questions (yes/no co-headline; 0 = skip, None = all 500)")
+    n_bioasq: int | None = Field(150, ge=0, le=1_000_000, description="BioASQ-Y/N questions (yes/no co-headline; 0 = skip, None = the whole headline pool)")
+    yesno_systems: str = Field(','.join(RAG2_SYSTEMS), description="systems run on the yes/no co-headline (PubMedQA*, BioASQ-Y/N), comma-separated (RAG² always)")
     answer_mode: Literal['scored', 'free_text'] = Field('scored', description="headline protocol: scored option letters, or parsed free text (the other protocol runs on the secondary questions)")
     datasets: str = 'medqa,medmcqa,mmlu'
     helpful_quantile: float = Field(0.25, gt=0, lt=1)
@@ -47,25 +50,31 @@ class Rag2Params(LLMParams):
     per_corpus: int = Field(10, ge=1, le=1000, description="balanced retrieval: candidates from each corpus before reranking")
     query_variant: Literal['rationale', 'question', 'question+rationale'] = 'rationale'
     rerank_query: Literal['question', 'rationale'] = 'question'
-    train_n: int = Field(24, ge=2, le=1_000_000, description="MedMCQA training questions labelled by ΔPPL for the filter")
-    filter_threshold: float | None = Field(None, gt=0, lt=1, description="filter probability above which a snippet is kept; None = calibrated on out-of-fold filter probabilities of the training pairs to keep the helpful_quantile share")
-    label_k: int = Field(3, ge=1, le=64, description="snippets labelled per training question")
+    train_datasets: str = Field('medmcqa,pubmedqa,bioasq', description="datasets whose dev splits give the filter's training questions, comma-separated")
+    train_n: int = Field(50, ge=1, le=1_000_000, description="filter training questions per training dataset: the last train_n of its dev split")
+    label_kind: Literal['ppl', 'gain', 'dev'] = Field('dev', description="labels RAG²'s filter learns: 'ppl' (the paper's top ΔPPL share), 'gain' (the snippet raises log p(gold)), or 'dev': the kind whose out-of-fold filter keeps snippets with the larger gold gain on the training (dev) questions")
+    filter_threshold: float | None = Field(None, gt=0, lt=1, description="filter probability above which a snippet is kept; None = calibrated on out-of-fold filter probabilities of the training pairs to keep the label's HELPFUL share")
+    label_k: int = Field(2, ge=1, le=64, description="snippets labelled per training question")
     filter_model: str = Field('minilm', description="'minilm' (embedded) or a seq2seq checkpoint, e.g. google/flan-t5-large")
     topk_grid: str = '1,3'
     corpus_docs: int | None = Field(None, ge=1, le=100_000_000, description="documents kept per source corpus; None = all")
-    snippet_words: int = Field(100, ge=10, le=2000)
+    snippet_words: int = Field(120, ge=10, le=2000, description="words of each snippet shown to the LLM and the filter")
     table5_models: str = Field('', description="other embedded generators for Table 5, comma-separated; empty = skip")
 
     @field_validator('datasets')
     @classmethod
     def _known_datasets(cls, v: str) -> str: return comma_list_of(v, {'medqa', 'medmcqa', 'mmlu'}, 'datasets')
 
-    @field_validator('pubmedqa_systems')
+    @field_validator('yesno_systems')
     @classmethod
     def _known_systems(cls, v: str) -> str:
-        v = comma_list_of(v, set(RAG2_SYSTEMS), 'PubMedQA* systems')
-        if 'RAG²' not in v.split(','): raise ValueError("pubmedqa_systems must include RAG² (the extension is about RAG²)")
+        v = comma_list_of(v, set(RAG2_SYSTEMS), 'yes/no co-headline systems')
+        if 'RAG²' not in v.split(','): raise ValueError("yesno_systems must include RAG² (the co-headline is about RAG²)")
         return v
+
+    @field_validator('train_datasets')
+    @classmethod
+    def _dev_datasets(cls, v: str) -> str: return comma_list_of(v, set(DEV_SPLITS) - {'mmlu_ck'}, 'training datasets')
 
     @field_validator('topk_grid')
     @classmethod
@@ -79,12 +88,12 @@ class Rag2Params(LLMParams):
         return {'backend': ({'chat', 'score_chat'}, "the perplexity (ΔPPL) labels of the filter" + (" and the scored answers" if self.answer_mode == 'scored' else ''))}
 
 PARAMS = Rag2Params
-PROFILES: dict[str, dict] = {'smoke': dict(n=2, n_secondary=1, n_pubmedqa=2, train_n=4, label_k=2, top_k=1, topk_grid='1', corpus_docs=150,
+PROFILES: dict[str, dict] = {'smoke': dict(n=2, n_secondary=1, n_pubmedqa=2, n_bioasq=2, train_n=2, top_k=1, topk_grid='1', corpus_docs=150,
                                            **{**SMOKE_LLM, 'max_tokens': 32}),
-                             'default': dict(n=50, n_secondary=17, n_pubmedqa=150, train_n=40, max_tokens=96, snippet_words=60),
-                             'paper': dict(n=None, n_secondary=None, n_pubmedqa=500, pubmedqa_systems='closed book,standard RAG,RAG² without filter,RAG²',
-                                           backend='transformers', model='meta-llama/Meta-Llama-3-8B-Instruct', max_tokens=512,
-                                           filter_model='google/flan-t5-large', filter_threshold=0.5, train_n=1000,
+                             'default': dict(n=50, n_secondary=17, n_pubmedqa=150, n_bioasq=150, train_n=50, max_tokens=160),
+                             'paper': dict(n=None, n_secondary=None, n_pubmedqa=None, n_bioasq=None, backend='transformers',
+                                           model='meta-llama/Meta-Llama-3-8B-Instruct', max_tokens=512, filter_model='google/flan-t5-large',
+                                           filter_threshold=0.5, train_datasets='medmcqa', train_n=1000, label_kind='ppl',
                                            topk_grid='1,2,4,8,16,32', per_corpus=32)}   # profile -> the values it sets
 
 # %% ../../nbs/31_rag2_method.ipynb #e002c4d4
@@ -113,10 +122,15 @@ def format_mcq(question: str, options: Mapping[str, str]) -> str:
     return question.strip() + '\n' + '\n'.join(f"{k}. {v}" for k, v in opts.items())
 
 # %% ../../nbs/31_rag2_method.ipynb #2dacf55b
-RATIONALE_INSTRUCTION = ("Work through this medical exam question step by step, in at most 90 words. Explain the key "
-                         "findings and the medical knowledge that decides between the options, then end with the sentence "
-                         "'the answer is (X)' where X is the option letter.")
-ANSWER_INSTRUCTION = "Reply with only the letter of the single best option ({letters}), nothing else."
+EXPERT_SYSTEM = "You are a medical expert who answers medical exam and research questions."   # every prompt's system message
+RATIONALE_INSTRUCTION = ("Reason about this question in at most four short sentences: the key facts, and the medical knowledge "
+                         "that decides between the options. No lists, no headings. End with the sentence 'The answer is (X).', "
+                         "where X is the option letter.")
+ANSWER_INSTRUCTION = "Reply with one line, 'Answer: X', where X is the letter of the single best option ({letters})."
+
+def system_messages(user: str) -> list[dict]:
+    "The chapter's system message, then `user`: no prompt falls back to the chat template's default system message."
+    return [{'role': 'system', 'content': EXPERT_SYSTEM}, {'role': 'user', 'content': user}]
 
 def snippet_text(doc: Document, # a retrieved document
                  words: int = 100, # keep this many words of title + text
@@ -130,7 +144,7 @@ def query_rationale_messages(question: str, options: Mapping[str, str],
                       ) -> list[dict]:
     "Chat messages asking for a rationale; with `snippet`, the same request preceded by that document."
     doc = f"Document:\n{snippet}\n\n" if snippet else ''
-    return [{'role': 'user', 'content': f"{doc}{RATIONALE_INSTRUCTION}\n\nQuestion:\n{format_mcq(question, options)}"}]
+    return system_messages(f"{doc}{RATIONALE_INSTRUCTION}\n\nQuestion:\n{format_mcq(question, options)}")
 
 def answer_messages(question: str, options: Mapping[str, str],
                     snippets: Sequence[str] = (), # documents to show, best first; none = closed book
@@ -139,7 +153,15 @@ def answer_messages(question: str, options: Mapping[str, str],
     docs = ''.join(f"[{i}] {s}\n" for i, s in enumerate(snippets, 1))
     ctx = f"Documents that may help:\n{docs}\n" if snippets else ''
     letters = ', '.join(check_mcq(question, options))  # the real letters: a placeholder such as (X) gets copied verbatim
-    return [{'role': 'user', 'content': f"{ctx}Question:\n{format_mcq(question, options)}\n\n{ANSWER_INSTRUCTION.format(letters=letters)}"}]
+    return system_messages(f"{ctx}Question:\n{format_mcq(question, options)}\n\n{ANSWER_INSTRUCTION.format(letters=letters)}")
+
+JUDGE_INSTRUCTION = "Does this document contain information that helps answer the question? Reply yes or no."
+
+def judge_messages(question: str, # the question with its options (`format_mcq`)
+                   snippet: str, # the document as the LLM sees it
+                  ) -> list[dict]:
+    "Table 3's LLM-as-filter: the backbone asked whether one document helps answer the question."
+    return system_messages(f"Document:\n{snippet}\n\nQuestion:\n{question}\n\n{JUDGE_INSTRUCTION}")
 
 def cot_followup_messages(question: str, options: Mapping[str, str],
                           rationale: str, # a chain-of-thought reply with no readable option letter
@@ -270,6 +292,17 @@ def corpus_share(mc: MultiCorpus, doc_lists: Sequence[Sequence[str]], # document
     tot = sum(c.values())
     return {s: (c[s] / tot if tot else 0.0) for s in mc.sources}
 
+# %% ../../nbs/31_rag2_method.ipynb #277b1218
+def option_in_snippets(option: str, # an option's text
+                       snippets: Sequence[str], # the snippets in the prompt
+                       min_chars: int = 4, # shorter option texts are not checked
+                      ) -> bool | None: # None: the option is too short to check
+    "Whether an option's text occurs in the snippets (case-insensitive, whole words, whitespace normalised)."
+    o = ' '.join(str(option).lower().split()).rstrip('.')
+    if len(o) < min_chars: return None
+    text = ' '.join(' '.join(snippets).lower().split())
+    return re.search(r'(?<!\w)' + re.escape(o) + r'(?!\w)', text) is not None
+
 # %% ../../nbs/31_rag2_method.ipynb #d1b91066
 def rationale_ppl(llm: LLM, question: str, options: Mapping[str, str], rationale: str,
                   snippet: str | None = None, # None: perplexity without a document
@@ -298,6 +331,24 @@ def ppl_labels(deltas: Sequence[float], tau: float, # ΔPPL of the pairs and the
     "1 (HELPFUL) where ΔPPL ≥ τ (and, with `require_gain`, ΔPPL > 0), else 0."
     d = np.asarray(deltas, float)
     return ((d >= tau) & ((d > 0) if require_gain else True)).astype(int)
+
+# %% ../../nbs/31_rag2_method.ipynb #90282bd7
+LABEL_KINDS = ('ppl', 'gain')   # the filter's label kinds: the paper's top ΔPPL share, the gold option's gain
+
+def gold_gain(without: Mapping[str, float], # option -> log-probability, answered without the snippet
+              with_snippet: Mapping[str, float], # the same, with the snippet above the question
+              gold: str, # the gold option
+             ) -> float: # > 0: the snippet moves probability toward the gold option
+    "log p(gold | snippet, q) − log p(gold | q), each normalised over the options."
+    if set(without) != set(with_snippet): raise ValueError(f"the two answers score different options: {sorted(without)} vs {sorted(with_snippet)}")
+    return gold_logprob(with_snippet, gold) - gold_logprob(without, gold)
+
+def gain_labels(gains: Sequence[float], # gold gain of every training pair
+               ) -> np.ndarray:
+    "1 (HELPFUL) where the snippet raises the gold option's log-probability, else 0."
+    g = np.asarray(gains, float)
+    if np.isnan(g).any(): raise ValueError("a gold gain is NaN: every pair needs both answers scored")
+    return (g > 0).astype(int)
 
 # %% ../../nbs/31_rag2_method.ipynb #a0842e0d
 FILTER_TEMPLATE = ("Given the following evidence, decide whether it helps answer the question.\n\n"
@@ -510,19 +561,40 @@ def rag2_prompt(filt, # a fitted filter
     text_of = dict(zip(doc_ids, snippets))
     return answer_messages(question, options, [text_of[d] for d in kept]), kept, fallback
 
+# %% ../../nbs/31_rag2_method.ipynb #88fc10ea
+def label_choice(oof: Mapping[str, Sequence[float]], # label kind -> out-of-fold P(HELPFUL) of every training pair
+                 thresholds: Mapping[str, float], # label kind -> its decision threshold
+                 gains: Sequence[float], # each pair's gold gain (`gold_gain`)
+                ) -> tuple[str, pd.DataFrame]: # the chosen kind, and one row per kind
+    "The label kind whose out-of-fold filter keeps pairs with the larger mean gold gain (ties: the first, 'ppl')."
+    g = np.asarray(gains, float)
+    if not len(oof): raise ValueError("no label kinds to choose from")
+    rows = []
+    for kind, p in oof.items():
+        p = np.asarray(p, float)
+        if p.shape != g.shape: raise ValueError(f"{kind}: {p.size} probabilities for {g.size} pairs")
+        keep = p >= thresholds[kind]
+        rows.append(dict(label_kind=kind, threshold=float(thresholds[kind]), kept_share=float(keep.mean()),
+                         gain_kept=float(g[keep].mean()) if keep.any() else np.nan,
+                         gain_dropped=float(g[~keep].mean()) if (~keep).any() else np.nan, n_pairs=int(g.size)))
+    t = pd.DataFrame(rows)
+    best = t.gain_kept.fillna(-np.inf).to_numpy()
+    return str(t.label_kind.iloc[int(np.argmax(best))]), t
+
 # %% ../../nbs/31_rag2_method.ipynb #7d39aa4b
-def eval_train_split(dataset: str, # a dataset with a declared dev split (`rag_lab.data.DEV_SPLITS`); the chapter's: 'medmcqa'
-                     n_eval: int | None, # evaluation questions: `test_items(dataset, n_eval, seed)`; None = the whole headline pool
-                     n_train: int, # training questions: the last `n_train` of `dev_items(dataset, seed)`, the end of the permutation
-                     seed: int = 42,
-                    ) -> tuple[pd.DataFrame, pd.DataFrame]: # (evaluation, training), disjoint
-    "Evaluation questions as every paper samples them, and training questions from the declared dev split, which they never reach."
-    dev = dev_items(dataset, seed)
-    if not 0 <= n_train <= len(dev):
-        raise ValueError(f"n_train={n_train}: training questions come from {dataset}'s dev split, which holds {len(dev)} "
-                         f"(0 <= n_train <= {len(dev)}): {DEV_SPLITS[dataset]}")
-    # the last n_train: the positions this split took before the dev split was declared, so recorded calls replay
-    return test_items(dataset, n_eval, seed), dev.iloc[len(dev) - n_train:].reset_index(drop=True)
+def filter_training_items(datasets: Sequence[str], # datasets with a declared dev split (`rag_lab.data.DEV_SPLITS`)
+                          n_per: int, # training questions per dataset: the last `n_per` of its dev split
+                          seed: int = 42,
+                         ) -> pd.DataFrame: # MIRAGE items with `dataset`, in dataset order
+    "The filter's training questions: the end of each dataset's dev split, which no evaluation sample reaches."
+    out = []
+    for d in datasets:
+        dev = dev_items(d, seed)
+        if not 1 <= n_per <= len(dev):
+            raise ValueError(f"train_n={n_per}: training questions come from {d}'s dev split, which holds {len(dev)} "
+                             f"(1 <= train_n <= {len(dev)}): {DEV_SPLITS[d]}")
+        out.append(dev.iloc[len(dev) - n_per:].assign(dataset=d))
+    return pd.concat(out, ignore_index=True)
 
 # %% ../../nbs/31_rag2_method.ipynb #5e4f1aa8
 def paired_accuracy_rows(items: pd.DataFrame, # one row per (dataset, item_id, system), with a boolean `correct`
