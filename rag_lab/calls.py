@@ -18,8 +18,8 @@ from .config import cache_root, atomic_write_bytes, atomic_write_text, cache_dir
 # %% auto #0
 __all__ = ['CacheMode', 'SHARD_LIMIT', 'RecordsMode', 'LOGPROB_TOL', 'API_PRICES_USD_PER_1M', 'LEDGER', 'CacheError', 'LLMCache',
            'RecordsError', 'CallRecords', 'records_mode', 'call_records', 'same_result', 'CallRecord', 'Ledger',
-           'map_calls', 'clock', 'track', 'Recorder', 'start_recording', 'active_recorder', 'recording_folder',
-           'finish_recording', 'prune_records']
+           'map_calls', 'clock', 'track', 'track_map', 'Recorder', 'start_recording', 'active_recorder',
+           'recording_folder', 'finish_recording', 'prune_records']
 
 # %% ../nbs/04b_calls.ipynb #dd8b222a
 CacheMode = Literal['on', 'off', 'refresh']
@@ -533,6 +533,28 @@ def track(items: Iterable, # the items of one stage, e.g. the questions of a dat
             done += 1; report(done)
     finally:
         report(done, final=True); bar.close()
+
+# %% ../nbs/04b_calls.ipynb #f2b8c913
+def track_map(fn: Callable[[Any], Any], # one item's work: its LLM calls and whatever it returns
+              items: Sequence, # a stage's independent items
+              desc: str, # the stage, as `track` shows it
+              workers: int = 1, # items in flight at once (a server backend's; 1: a plain loop in this thread)
+              timeout: float | None = None, # seconds each batch of items may take (`map_calls`); None: no limit
+              ledger: Ledger | None = None, # default: LEDGER
+             ) -> list: # fn(item) for each item, in item order
+    "`map_calls` with `track`'s progress: the stage's items one after the other, or `workers` at a time, batch by batch."
+    items = list(items)
+    map_calls(lambda x: x, [], workers, timeout)   # the same checks of workers and timeout for every path
+    bar = track(items, desc, ledger=ledger)
+    if workers == 1: return [fn(x) for x in bar]
+    out, step = [], 4 * workers
+    for i in range(0, len(items), step):
+        batch = items[i:i + step]
+        out += map_calls(fn, batch, workers=workers, timeout=timeout, ledger=ledger)
+        for _ in batch: next(bar)   # the batch's items, their calls now in the ledger
+    for _ in bar: pass   # the last report
+    return out
+
 
 # %% ../nbs/04b_calls.ipynb #9e3407f1
 class Recorder:

@@ -15,11 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, TypeAdapter,
 
 # %% auto #0
 __all__ = ['DEFAULT_SEED', 'SEED_MAX', 'PROFILES', 'REPLAYS', 'Backend', 'DEFAULT_GENERATOR', 'SMOKE_LLM', 'CAPABILITY_TEXT',
-           'BACKEND_CAPABILITIES', 'repo_root', 'data_root', 'cache_root', 'cache_dir', 'out_root', 'scratch_root',
-           'RunContext', 'run_context', 'atomic_write_bytes', 'atomic_write_text', 'seed_everything', 'quiet_loading',
-           'timed_stage', 'comma_list_of', 'NotebookParams', 'LLMParams', 'backend_refusal', 'param_schema',
-           'resolve_params', 'parse_param', 'check_params', 'package_versions', 'git_commit', 'file_sha256', 'RunInfo',
-           'run_params', 'injected_parameters', 'notebook_params']
+           'BACKEND_CAPABILITIES', 'SERVER_BACKENDS', 'repo_root', 'data_root', 'cache_root', 'cache_dir', 'out_root',
+           'scratch_root', 'RunContext', 'run_context', 'atomic_write_bytes', 'atomic_write_text', 'seed_everything',
+           'quiet_loading', 'timed_stage', 'comma_list_of', 'NotebookParams', 'LLMParams', 'backend_refusal',
+           'ServedLLMParams', 'param_schema', 'resolve_params', 'parse_param', 'check_params', 'package_versions',
+           'git_commit', 'file_sha256', 'RunInfo', 'run_params', 'injected_parameters', 'notebook_params']
 
 # %% ../nbs/00_config.ipynb #55ea4637
 def repo_root(start: Path | str | None = None, # where to start looking (default: the working directory)
@@ -281,6 +281,27 @@ def backend_refusal(backend: str, # a backend name
     can = sorted(b for b, caps in BACKEND_CAPABILITIES.items() if needs <= caps)
     return (f"backend {backend!r} cannot {' or '.join(CAPABILITY_TEXT[m] for m in missing)}, which {why} needs; "
             f"backends that can: {', '.join(can) or 'none'}")
+
+# %% ../nbs/00_config.ipynb #c8f3e5b2
+SERVER_BACKENDS = ('openai', 'llamaserver')   # the backends that send requests to a server at base_url
+
+class ServedLLMParams(LLMParams):
+    "An LLM chapter whose stages keep several items in flight over a server backend (`calls.track_map`)."
+    workers: int = Field(1, ge=1, le=64, description="items a stage keeps in flight: over a server backend (openai, "
+                         "llamaserver), which computes several requests at once; the local backends take 1")
+    timeout: float | None = Field(None, gt=0, le=3600, description="seconds per request to a server backend; None: the backend's default (60)")
+
+    @model_validator(mode='after')
+    def _in_flight_needs_a_server(self):
+        local = self.backend not in SERVER_BACKENDS
+        if local and self.workers > 1:
+            raise ValueError(f"workers={self.workers} keeps several requests in flight, which only a server backend computes "
+                             f"at once ({', '.join(SERVER_BACKENDS)}); backend={self.backend!r} computes one call at a time: use workers=1")
+        if local and self.timeout is not None:
+            raise ValueError(f"timeout is the seconds per request to a server backend ({', '.join(SERVER_BACKENDS)}), "
+                             f"not for backend={self.backend!r}")
+        return self
+
 
 # %% ../nbs/00_config.ipynb #77884c8e
 def _number_types(ann: Any, # a parameter's annotation, e.g. `int | None`

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Sequence
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from .config import DEFAULT_GENERATOR, LLMParams, file_sha256, quiet_loading, run_context
+from .config import DEFAULT_GENERATOR, LLMParams, SERVER_BACKENDS, file_sha256, quiet_loading, run_context
 from .data import RateLimiter
 from .parsing import ParsedAnswer, extract_json
 from .models import EMBEDDED_MODELS, ModelError, checkpoint_fingerprint, embedded_model_path, verify_model_file
@@ -835,7 +835,7 @@ class LlamaServerLLM(OpenAILLM):
 # %% ../nbs/04c_llm.ipynb #fe51a4d1
 BACKENDS: dict[str, type[LLM]] = {'llamacpp': LlamaCppLLM, 'transformers': TransformersLLM, 'openai': OpenAILLM,
                                    'llamaserver': LlamaServerLLM}
-OPENAI_OPTIONS = ('timeout', 'retries', 'schema_format')   # request options of backend 'openai' that parameters may carry
+OPENAI_OPTIONS = ('timeout', 'retries', 'schema_format', 'workers')   # options of the server backends that parameters may carry
 
 def get_llm(params: LLMParams | None = None, # a notebook's parameters (backend, model, base_url, temperature, max_tokens, seed)
             **kw, # or override them / pass backend options (n_ctx, timeout, retries, workers, cache, ledger, ...)
@@ -847,7 +847,7 @@ def get_llm(params: LLMParams | None = None, # a notebook's parameters (backend,
     if backend not in BACKENDS: raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     model = conf['model'] or LLMParams.model_fields['model'].default
     defaults = GenConfig(**{k: conf[k] for k in ('temperature', 'max_tokens', 'seed') if conf[k] is not None})
-    if backend in ('openai', 'llamaserver'):
+    if backend in SERVER_BACKENDS:
         kw['base_url'] = conf['base_url']
         kw |= {k: p[k] for k in OPENAI_OPTIONS if p.get(k) is not None and k not in kw}   # the call's own options win
     elif conf['base_url']: raise ValueError(f"base_url is only for backend='openai' or 'llamaserver', not {backend!r}")

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from conftest import readme_reproduce_commands
-from rag_lab.config import PROFILES, LLMParams, SMOKE_LLM, cache_root, resolve_params
+from rag_lab.config import PROFILES, LLMParams, SMOKE_LLM, cache_root, param_schema, resolve_params
 from rag_lab.models import embedded_model_path
 from rag_lab.papers import CHAPTERS
 from rag_lab.runner import _parser, plan_run, reproduce
@@ -145,3 +145,46 @@ def test_every_server_command_in_the_readme_runs_against_the_local_server(cmd, s
     assert meta['params']['answer_mode'] == want.answer_mode   # the command's protocol, not the smoke profile's
     _check_outputs(meta, tmp_path, a.only[0], _backend(a), served.base_url)
     print(f"\n{cmd}\n  at smoke size: {meta['llm_calls']['computed']} calls in {meta['wall_seconds']:.0f} s")
+
+
+CONCURRENT = [s for s in LLM_CHAPTERS if 'workers' in param_schema(s).model_fields]   # chapters whose stages use `track_map`
+
+
+def _new_llm_cache(mp: pytest.MonkeyPatch, root: Path) -> None:
+    "Point the run at an empty LLM cache (models and embeddings shared), so that the next run computes every call."
+    shared = cache_root()
+    root.mkdir()
+    for kind in ('models', 'embeddings'): (root / kind).symlink_to(shared / kind, target_is_directory=True)
+    mp.setenv('RAG_LAB_CACHE', str(root))
+
+
+def test_the_chapters_that_keep_items_in_flight():
+    "The two published chapters with `workers` today; reason_verify and verirag gain it when their repairs land."
+    assert set(CONCURRENT) >= {'rag2', 'pubmed_reasoner'}
+
+
+@pytest.mark.parametrize('slug', CONCURRENT)
+def test_items_in_flight_give_the_sequential_runs_answers(slug, served, fresh_env, tmp_path, capsys):
+    """The chapter's smoke run over the server with workers=2 (both of its slots) against the same run with workers=1,
+    each computing every call: the same items in the same order, the same calls (keys in item order), the same answers,
+    option log-probabilities within 1e-3 nats (a request computed in a batch beside another rounds differently), and
+    the server seen computing two requests at once."""
+    from rag_lab.server import SlotWatch
+    base = ['backend=llamaserver', f'base_url={served.base_url}']
+    seq = _run(served, capsys, 'smoke', slug, base, tmp_path / 'seq')
+    with pytest.MonkeyPatch.context() as mp:
+        _new_llm_cache(mp, tmp_path / 'cache2')
+        with SlotWatch(served.base_url) as watch:
+            par = _run(served, capsys, 'smoke', slug, [*base, 'workers=2'], tmp_path / 'par')
+    assert par['params']['workers'] == 2 and seq['params']['workers'] == 1
+    assert par['llm_calls']['computed'] == par['llm_calls']['distinct'] > 0
+    assert watch.peak == 2, f'never two requests at once: {watch.peak} slots busy at most ({len(watch.busy)} polls)'
+    for name in ('items_headline.csv', *(['items_secondary.csv'] if (tmp_path / 'seq' / 'reports' / slug / 'items_secondary.csv').exists() else [])):
+        a, b = (pd.read_csv(tmp_path / run / 'reports' / slug / name, low_memory=False) for run in ('seq', 'par'))
+        assert a[['dataset', 'item_id', 'system', 'calls']].equals(b[['dataset', 'item_id', 'system', 'calls']]), name
+        assert (a.pred.fillna('') == b.pred.fillna('')).all(), a[a.pred.fillna('') != b.pred.fillna('')][['item_id', 'system', 'pred']]
+        for x, y in zip(a.option_logprobs.fillna('{}'), b.option_logprobs.fillna('{}')):
+            x, y = json.loads(x), json.loads(y)
+            assert x.keys() == y.keys() and all(abs(x[k] - y[k]) <= 1e-3 for k in x), (x, y)
+    print(f"\n{slug}: sequential {seq['wall_seconds']:.0f} s, 2 in flight {par['wall_seconds']:.0f} s "
+          f"({par['llm_calls']['computed']} calls; {watch.peak} slots busy at most)")

@@ -14,7 +14,7 @@ from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 from ..llm import LLM, chat_structured
 from ..calls import Ledger
 from ..eutils import Article, PubMedClient, QuerySyntaxError, compose_query, normalize_query, parse_query, query_terms, render_query, scope_query
-from ..config import LLMParams, SMOKE_LLM
+from ..config import LLMParams, ServedLLMParams, SMOKE_LLM
 from ..parsing import ParsedAnswer, parse_answer_statement, parse_final_answer
 from ..metrics import bootstrap_ci
 from ..text import split_sentences, tokenize
@@ -36,7 +36,7 @@ __all__ = ['PARAMS', 'PROFILES', 'Verdict', 'TermText', 'Concepts', 'Verdicts', 
            'PairJudgement', 'judge_messages', 'judge_pair', 'win_tie_loss']
 
 # %% ../../nbs/52_pubmed_reasoner_method.ipynb #3a8759df
-class PubmedReasonerParams(LLMParams):
+class PubmedReasonerParams(ServedLLMParams):
     "PubMed Reasoner (paper 5). `n`: headline PubMedQA* questions (the shared nested sample; None = all 500)."
     answer_mode: Literal['scored', 'free_text'] = Field('scored', description="every headline system answers one way: 'scored' = the option most likely right after a prompt showing its evidence (choose_option); 'free_text' = the FINAL ANSWER line of a response it writes, parsed")
     n_mmlu: int | None = Field(None, ge=0, le=100_000, description="MMLU clinical-knowledge questions (secondary); None = the headline pool (200 of the 265: the last 65 are the dev split), 0 = none")

@@ -15,7 +15,7 @@ from ..text import Corpus, Document, sliding_windows
 from ..data import DEV_SPLITS, dev_items, test_items
 from ..metrics import bootstrap_ci, accuracy, compare_paired, gold_logprob
 from ..parsing import ParsedAnswer, parse_answer_statement, parse_mcq_answer, parse_option
-from ..config import quiet_loading, LLMParams, SMOKE_LLM, comma_list_of
+from ..config import quiet_loading, LLMParams, ServedLLMParams, SMOKE_LLM, comma_list_of
 from ..llm import LLM
 from ..report import ci_row, comparison_rows, table_value, prior_rows
 from pydantic import Field, field_validator
@@ -36,7 +36,7 @@ __all__ = ['RAG2_SYSTEMS', 'PARAMS', 'PROFILES', 'EXPERT_SYSTEM', 'RATIONALE_INS
 # %% ../../nbs/31_rag2_method.ipynb #91d604bc
 RAG2_SYSTEMS = ('closed book', 'standard RAG', 'RAG² without filter', 'RAG²')   # the headline systems, simplest first
 
-class Rag2Params(LLMParams):
+class Rag2Params(ServedLLMParams):
     "RAG² (paper 3)."
     n_secondary: int | None = Field(None, ge=1, le=1_000_000, description="questions per dataset for the secondary cells: the first of the headline's (at most n); None = n")
     n_pubmedqa: int | None = Field(150, ge=0, le=1_000_000, description="PubMedQA* questions (yes/no co-headline; 0 = skip, None = all 500)")
