@@ -23,9 +23,9 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['Messages', 'Source', 'PREFILL_CHUNK', 'BACKENDS', 'OPENAI_OPTIONS', 'LLMError', 'FreshBudgetError', 'as_messages',
-           'GenConfig', 'CallResult', 'Generation', 'Score', 'Choice', 'LLM', 'default_threads', 'GreedyGrammarSampler',
-           'use_greedy_grammar_sampler', 'LlamaCppLLM', 'verify_records', 'TransformersLLM', 'retry_call', 'OpenAILLM',
-           'LlamaServerLLM', 'get_llm', 'StructuredResult', 'chat_structured']
+           'GenConfig', 'CallResult', 'Generation', 'Score', 'Choice', 'LLM', 'default_threads', 'limit_torch_threads',
+           'GreedyGrammarSampler', 'use_greedy_grammar_sampler', 'LlamaCppLLM', 'verify_records', 'TransformersLLM',
+           'retry_call', 'OpenAILLM', 'LlamaServerLLM', 'get_llm', 'StructuredResult', 'chat_structured']
 
 # %% ../nbs/04c_llm.ipynb #d27ae200
 class LLMError(RuntimeError):
@@ -318,6 +318,14 @@ def _close_llamas():
         m.close()
     _load_llama.cache_clear()
 
+# %% ../nbs/04c_llm.ipynb #94422c61
+def limit_torch_threads() -> int:
+    "Set torch's intra-op threads to `default_threads()` (once per process); returns the number."
+    import torch
+    n = default_threads()
+    if torch.get_num_threads() != n: torch.set_num_threads(n)
+    return n
+
 # %% ../nbs/04c_llm.ipynb #96476414
 class GreedyGrammarSampler:
     "Greedy decoding under a grammar: asks the grammar about the best tokens first, masks the whole vocabulary only if needed."
@@ -595,6 +603,7 @@ class TransformersLLM(LLM):
         super().__init__(model, **kw)
         self.device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
         self.batch_size = batch_size
+        if self.device == 'cpu': limit_torch_threads()   # a CPU model shares the cores with whatever runs beside it
         self.tok, self.net = _load_hf(model, gguf_file, self.device, dtype)
         local = Path(model) / gguf_file if gguf_file else Path(model)
         self.fingerprint = (checkpoint_fingerprint(local) if local.exists()

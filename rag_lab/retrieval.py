@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 from .config import atomic_write_bytes, cache_dir, quiet_loading, timed_stage
 from .text import Corpus, TOKEN_PATTERN, jaccard, tokenize
+from .llm import limit_torch_threads
 from fastcore.basics import patch
 
 # %% auto #0
@@ -254,6 +255,7 @@ class SentenceTransformerEncoder:
                  batch_size: int = 64, max_seq_length: int | None = 256,
                  query_prefix: str = '', doc_prefix: str = ''):
         from sentence_transformers import SentenceTransformer
+        limit_torch_threads()   # torch's default (every core) oversubscribes them when anything else computes
         path = str(model or minilm_path())
         with quiet_loading(): self.model = SentenceTransformer(path, device='cpu')
         if max_seq_length: self.model.max_seq_length = max_seq_length
@@ -306,6 +308,7 @@ class FlagEncoder:
                  max_length: int = 256, # tokens kept per text
                 ):
         from FlagEmbedding import FlagModel
+        limit_torch_threads()
         src = checkpoint_source(model, 'BGE encoder')
         # the name keys the embedding cache, so it carries the truncation length and the query instruction
         tag = f"-q{hashlib.sha256(query_instruction.encode()).hexdigest()[:8]}" if query_instruction else ''
@@ -499,6 +502,7 @@ class CrossEncoderReranker(Reranker):
         src = checkpoint_source(model, 'cross-encoder')
         self.corpus, self.backend, self.normalize, self.batch_size, self.max_length = corpus, backend, normalize, batch_size, max_length
         self.name = f'cross-encoder {model}'
+        limit_torch_threads()
         if backend == 'flag':
             from FlagEmbedding import FlagReranker
             with quiet_loading(): self.model = FlagReranker(src, use_fp16=False, devices='cpu', batch_size=batch_size,

@@ -15,7 +15,12 @@ export IPYTHONDIR="$tmp/ipython" JUPYTER_CONFIG_DIR="$tmp/jupyter" JUPYTER_RUNTI
 # marks them; --dist loadgroup honours the marks). Without pytest-xdist installed, the suite runs in one process.
 workers=${TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}
 parallel=()
-if [ "$workers" -gt 1 ] && "$VENV/bin/python" -c 'import xdist' 2>/dev/null; then parallel=(-n "$workers" --dist loadgroup); fi
+if [ "$workers" -gt 1 ] && "$VENV/bin/python" -c 'import xdist' 2>/dev/null; then
+  parallel=(-n "$workers" --dist loadgroup)
+  # one compute thread per worker (llama.cpp and torch follow RAG_LAB_LLM_THREADS): N workers on N cores, never N x N
+  # threads spinning against each other; the user's own setting wins
+  export RAG_LAB_LLM_THREADS="${RAG_LAB_LLM_THREADS:-1}"
+fi
 t0=$(date +%s)
 "$VENV/bin/python" -m pytest tests -q -p no:cacheprovider --junitxml="$tmp/junit.xml" "${parallel[@]}" "$@"
 rc=$?
