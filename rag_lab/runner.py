@@ -15,7 +15,7 @@ from .config import SMOKE_LLM, PROFILES, REPLAYS, RunContext, parse_param, check
 from .papers import CHAPTERS, PAPERS
 from .calls import CacheError, RecordsError, clock
 from .report import scorecard_text, markdown_table
-from .pages import VERDICTS_BEGIN, VERDICTS_END, readme_with_verdicts, update_readme_verdicts, verdict_markdown, write_index, write_reader_notebook
+from .pages import VERDICTS_BEGIN, VERDICTS_END, findings_markdown, readme_with_verdicts, update_readme_verdicts, verdict_markdown, write_index, write_reader_notebook
 import numpy as np, pandas as pd
 
 # %% auto #0
@@ -26,7 +26,7 @@ __all__ = ['KERNEL_HASHSEED', 'STAGING_OWNER', 'LEGACY_STAGING_AGE', 'RECORDED_P
            'published_problems', 'write_summaries', 'refresh_readme', 'readme_command', 'reproduce', 'site_command',
            'records_table', 'nominal_seconds', 'fresh_seconds', 'estimate_fresh_compute', 'lanes_wall',
            'save_fresh_estimate', 'records_command', 'server_check_failures', 'check_server_command', 'list_command',
-           'params_command', 'main']
+           'params_command', 'main', 'try_it']
 
 # %% ../nbs/08_runner.ipynb #4fae61f3
 class UsageError(ValueError):
@@ -850,3 +850,24 @@ def main(argv: list[str] | None = None) -> int:
         return site_command(a.out)
     except (UsageError, RecordsError, CacheError) as e:   # a damaged record or cache is a message naming the file, never a traceback
         print(f"rag-lab: error: {e}", file=sys.stderr); return 2
+
+# %% ../nbs/08_runner.ipynb #f8d2b3e5
+def try_it(slug: str, # the chapter, e.g. 'pubmed_reasoner'
+           profile: str = 'smoke', # smoke: a few items, computed in minutes; class: ~20 published items, replayed
+           allow_fresh: bool = False, # let a class or default run compute calls the records lack, whatever the estimate
+           **params, # the change, as `-p` would give it: e.g. critic_iters=3
+          ):
+    "Rerun `slug` with `params` into a scratch folder and show that run's findings; in a batch run, only how to run it."
+    from IPython.display import Markdown
+    ps = [f'{k}={v}' for k, v in params.items()]
+    cmd = ' '.join(['rag-lab reproduce --only', slug, '--profile', profile, *(f'-p {p}' for p in ps)] + (['--allow-fresh'] if allow_fresh else []))
+    ctx = run_context()
+    if ctx.notebook or ctx.in_test:   # this chapter is itself a batch run: never start another one from it
+        return Markdown(f'*Skipped in a batch run.* Run this cell in JupyterLab, or in a terminal: `{cmd}`')
+    plan_run([slug], ps, repo_root() / 'nbs', profile)   # a bad change is refused here, before any work
+    dest, _ = destination(profile, ps)
+    code = reproduce(profile, [slug], ps, out=dest, allow_fresh=allow_fresh)
+    if code == 2: raise UsageError(f'`{cmd}` was refused (the reason is printed above)')
+    if code: raise RuntimeError(f'`{cmd}` failed: see the executed copy under {dest}/reports/executed/')
+    return Markdown(findings_markdown(dest, slug) + f'\n\nThe whole run (tables, figures, executed chapter): `{dest}`')
+

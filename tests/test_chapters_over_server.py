@@ -26,6 +26,7 @@ SERVER_BACKENDS = ('openai', 'llamaserver')   # the backends that reach a server
 # the run's size or a model that needs a GPU or a download (a smoke run's stand-ins replace them)
 PROTOCOL = ('backend', 'model', 'base_url', 'answer_mode', 'calibration')
 XFAIL: dict[str, str] = {}   # slug -> why its smoke run cannot finish over the server (a fix only its chapter can make)
+SEQUENTIAL: dict[str, tuple[dict, Path]] = {}   # slug -> (run_meta, output root) of its smoke run over the server, workers=1
 
 
 @pytest.fixture(scope='module')
@@ -82,6 +83,7 @@ def _check_outputs(meta: dict, out: Path, slug: str, backend: str, base_url: str
                                   else s for s in LLM_CHAPTERS])
 def test_every_llm_chapter_runs_its_smoke_profile_over_the_server_in_scored_mode(slug, served, fresh_env, tmp_path, capsys):
     meta = _run(served, capsys, 'smoke', slug, ['backend=llamaserver', f'base_url={served.base_url}'], tmp_path)
+    SEQUENTIAL[slug] = (meta, tmp_path)   # the one-at-a-time run the items-in-flight test compares with (same worker: same group)
     assert meta['params']['answer_mode'] == 'scored'
     _check_outputs(meta, tmp_path, slug, 'llamaserver', served.base_url)
     items = pd.read_csv(tmp_path / 'reports' / slug / 'items_headline.csv', low_memory=False)
@@ -171,7 +173,7 @@ def test_items_in_flight_give_the_sequential_runs_answers(slug, served, fresh_en
     the server seen computing two requests at once."""
     from rag_lab.server import SlotWatch
     base = ['backend=llamaserver', f'base_url={served.base_url}']
-    seq = _run(served, capsys, 'smoke', slug, base, tmp_path / 'seq')
+    seq, seq_root = SEQUENTIAL.get(slug) or (_run(served, capsys, 'smoke', slug, base, tmp_path / 'seq'), tmp_path / 'seq')
     with pytest.MonkeyPatch.context() as mp:
         _new_llm_cache(mp, tmp_path / 'cache2')
         with SlotWatch(served.base_url) as watch:
@@ -179,8 +181,8 @@ def test_items_in_flight_give_the_sequential_runs_answers(slug, served, fresh_en
     assert par['params']['workers'] == 2 and seq['params']['workers'] == 1
     assert par['llm_calls']['computed'] == par['llm_calls']['distinct'] > 0
     assert watch.peak == 2, f'never two requests at once: {watch.peak} slots busy at most ({len(watch.busy)} polls)'
-    for name in ('items_headline.csv', *(['items_secondary.csv'] if (tmp_path / 'seq' / 'reports' / slug / 'items_secondary.csv').exists() else [])):
-        a, b = (pd.read_csv(tmp_path / run / 'reports' / slug / name, low_memory=False) for run in ('seq', 'par'))
+    for name in ('items_headline.csv', *(['items_secondary.csv'] if (seq_root / 'reports' / slug / 'items_secondary.csv').exists() else [])):
+        a, b = (pd.read_csv(root / 'reports' / slug / name, low_memory=False) for root in (seq_root, tmp_path / 'par'))
         assert a[['dataset', 'item_id', 'system', 'calls']].equals(b[['dataset', 'item_id', 'system', 'calls']]), name
         assert (a.pred.fillna('') == b.pred.fillna('')).all(), a[a.pred.fillna('') != b.pred.fillna('')][['item_id', 'system', 'pred']]
         for x, y in zip(a.option_logprobs.fillna('{}'), b.option_logprobs.fillna('{}')):

@@ -337,3 +337,25 @@ def test_the_class_profile_replays_the_default_records_and_is_labelled_scratch(t
     index = (out / 'reports' / 'index.md').read_text()
     assert 'Scratch run, not the published results' in index and meta['banner'] in index
     assert f"**{meta['banner']}**" in (out / 'reports' / 'reason_verify' / 'headline.md').read_text()
+
+
+def test_try_it_reruns_the_chapter_into_its_own_scratch_folder_and_shows_that_runs_findings(monkeypatch, tmp_path):
+    "Issue 35: a chapter's runnable 'Try it' cell. The run itself is `reproduce` (tested above); here what try_it asks of it."
+    from rag_lab import runner
+    asked = []
+    def fake_reproduce(profile, only, params, out=None, allow_fresh=False, **kw):
+        asked.append((profile, only, params, out, allow_fresh)); return 0
+    monkeypatch.setattr(runner, 'reproduce', fake_reproduce)
+    monkeypatch.setattr(runner, 'findings_markdown', lambda root, slug: f'## Findings of this run\n{slug} at {root}')
+    for var in ('RAG_LAB_NOTEBOOK', 'IN_TEST'): monkeypatch.delenv(var, raising=False)   # as in JupyterLab
+    shown = runner.try_it('claim_aware', rrf_k=10)
+    (profile, only, params, out, fresh), = asked
+    assert (profile, only, params, fresh) == ('smoke', ['claim_aware'], ['rrf_k=10'], False)
+    assert Path(out).parent.name == 'runs' and 'rrf_k' in Path(out).name   # a scratch folder named by the change
+    assert shown.data.startswith('## Findings of this run\nclaim_aware at ') and out in shown.data
+    with pytest.raises(runner.UsageError, match='unknown parameter'): runner.try_it('claim_aware', nope=1)   # before any run
+    assert len(asked) == 1
+    monkeypatch.setattr(runner, 'reproduce', lambda *a, **k: 2)
+    with pytest.raises(runner.UsageError, match='was refused'): runner.try_it('rag2', profile='class', query_variant='question')
+    monkeypatch.setenv('RAG_LAB_NOTEBOOK', 'rag2')   # a batch run of a chapter never starts another run
+    assert 'Skipped in a batch run' in runner.try_it('rag2', query_variant='question').data
