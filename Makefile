@@ -17,7 +17,7 @@ CORES := $(shell nproc 2>/dev/null || echo 2)
 LLAMA_BUILD_SCOPE := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
                      -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF
 
-.PHONY: install reproduce test site bench bench-fresh bench-class lab clean-outputs sync check-sync llama-server
+.PHONY: install reproduce test site bench bench-fresh bench-class lab clean-outputs sync check-sync llama-server lessons
 
 install: $(STAMP)
 
@@ -46,6 +46,10 @@ DATA_MIRROR := $(or $(RAG_LAB_DATA),$(if $(wildcard ../shared/data),$(abspath ..
 ## ALLOW_FRESH=1 lets it compute calls the records lack when that takes more than a few minutes)
 reproduce: install
 	$(if $(DATA_MIRROR),RAG_LAB_DATA=$(DATA_MIRROR)) $(BIN)/rag-lab reproduce --profile $(PROFILE) $(if $(ONLY),--only $(ONLY)) --jobs $(JOBS) $(if $(ALLOW_FRESH),--allow-fresh)
+
+## the library notebooks (00-09) re-executed in place, keeping each lesson's output (as nbdev_test runs them), then cleaned
+lessons: install llama-server
+	$(if $(DATA_MIRROR),RAG_LAB_DATA=$(DATA_MIRROR)) $(BIN)/python tools/execute_lessons.py $(NBS) && $(BIN)/nbdev_clean
 
 ## whole test suite: notebooks clean and in sync, nbdev_test (smoke profile), pytest
 test: install llama-server
