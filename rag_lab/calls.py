@@ -499,6 +499,7 @@ def track(items: Iterable, # the items of one stage, e.g. the questions of a dat
           desc: str, # the stage, e.g. 'pubmedqa / full pipeline'
           total: int | None = None, # default: len(items)
           ledger: Ledger | None = None, # whose calls to count (default: LEDGER)
+          batch: int = 1, # items computed together (`track_map`): the first of each batch carries the batch's calls and time
          ) -> Iterator:
     """Iterate over `items` with a progress bar: done/total, rate, ETA and the stage's calls (computed / replayed).
     The ETA assumes the items left will be computed, at the rate of the items that were (a resumed run replays its
@@ -529,7 +530,7 @@ def track(items: Iterable, # the items of one stage, e.g. the questions of a dat
         for item in bar:
             before, t_item = n_computed(), time.perf_counter()
             yield item
-            if n_computed() > before: slow_items += 1; slow_seconds += time.perf_counter() - t_item
+            if n_computed() > before: slow_items += min(batch, total - done) if total else batch; slow_seconds += time.perf_counter() - t_item
             done += 1; report(done)
     finally:
         report(done, final=True); bar.close()
@@ -545,14 +546,10 @@ def track_map(fn: Callable[[Any], Any], # one item's work: its LLM calls and wha
     "`map_calls` with `track`'s progress: the stage's items one after the other, or `workers` at a time, batch by batch."
     items = list(items)
     map_calls(lambda x: x, [], workers, timeout)   # the same checks of workers and timeout for every path
-    bar = track(items, desc, ledger=ledger)
-    if workers == 1: return [fn(x) for x in bar]
+    if workers == 1: return [fn(x) for x in track(items, desc, ledger=ledger)]
     out, step = [], 4 * workers
-    for i in range(0, len(items), step):
-        batch = items[i:i + step]
-        out += map_calls(fn, batch, workers=workers, timeout=timeout, ledger=ledger)
-        for _ in batch: next(bar)   # the batch's items, their calls now in the ledger
-    for _ in bar: pass   # the last report
+    for i, _ in enumerate(track(items, desc, ledger=ledger, batch=step)):
+        if i % step == 0: out += map_calls(fn, items[i:i + step], workers=workers, timeout=timeout, ledger=ledger)   # when its first item comes up
     return out
 
 

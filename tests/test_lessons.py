@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+TEARDOWN = ('__exit__', 'close', 'stop', 'shutdown', 'cleanup', 'terminate')   # calls that end a lesson's fixture
 LIBRARY = sorted(p.name for p in (REPO / 'nbs').glob('0[0-9]*.ipynb'))
 
 def _lessons(nb: dict) -> list[dict]:
@@ -17,7 +18,10 @@ def _shows_something(cell: dict) -> bool:
     "The cell ends with an expression (its value is displayed) or prints."
     try: body = ast.parse(''.join(cell['source'])).body
     except SyntaxError: return True   # a magic line: not ours to judge
-    return bool(body) and (isinstance(body[-1], ast.Expr) or 'print(' in ''.join(cell['source']) or 'display(' in ''.join(cell['source']))
+    last = body[-1] if body else None
+    teardown = (isinstance(last, ast.Expr) and isinstance(last.value, ast.Call) and isinstance(last.value.func, ast.Attribute)
+                and last.value.func.attr in TEARDOWN)   # e.g. `srv.__exit__()`: returns None, shows nothing
+    return bool(body) and not teardown and (isinstance(last, ast.Expr) or 'print(' in ''.join(cell['source']) or 'display(' in ''.join(cell['source']))
 
 def test_there_are_library_notebooks():
     assert len(LIBRARY) >= 14 and LIBRARY[0].startswith('00_')

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/31_rag2_method.ipynb #d5157885
 from __future__ import annotations
-import copy, json, math, re
+import copy, json, math, re, threading
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence, Literal
@@ -370,6 +370,9 @@ class MiniLMFilter:
         self.clf = LogisticRegression(C=C, class_weight='balanced', max_iter=2000, random_state=seed)
         self.constant: int | None = None  # set when training labels have one class only
         self.memo: dict[tuple[bool, str], np.ndarray] = {}  # (is_query, text) -> embedding, shared with clones
+        # one scoring at a time, shared with clones: a chapter's items in flight (`track_map`) would otherwise use the
+        # tokenizer, which the encoder and `tok` share, from two threads at once (tokenizers: "Already borrowed")
+        self.lock = threading.RLock()
 
     def clone(self) -> 'MiniLMFilter':
         "An unfitted filter with the same settings, sharing the encoder and the embedding memo."
@@ -406,8 +409,9 @@ def fit(self: MiniLMFilter, questions: Sequence[str], snippets: Sequence[str], l
     y = np.asarray(labels, int)
     if len(set(y)) < 2: self.constant = int(y[0]); return self
     self.constant = None
-    idx, qs, ws = self._expand(questions, snippets)
-    self.clf.fit(self._features(qs, ws), y[idx])
+    with self.lock:
+        idx, qs, ws = self._expand(questions, snippets)
+        self.clf.fit(self._features(qs, ws), y[idx])
     return self
 
 @patch
@@ -415,8 +419,9 @@ def predict_proba(self: MiniLMFilter, questions: Sequence[str], snippets: Sequen
     "P(HELPFUL) of each snippet: the maximum over its windows."
     if self.constant is not None: return np.full(len(snippets), float(self.constant))
     if not len(snippets): return np.zeros(0)
-    idx, qs, ws = self._expand(questions, snippets)
-    p = self.clf.predict_proba(self._features(qs, ws))[:, 1]
+    with self.lock:
+        idx, qs, ws = self._expand(questions, snippets)
+        p = self.clf.predict_proba(self._features(qs, ws))[:, 1]
     return np.array([p[idx == i].max() for i in range(len(snippets))])
 
 # %% ../../nbs/31_rag2_method.ipynb #6e71e7e6
@@ -437,6 +442,7 @@ class Seq2SeqFilter:
         self.tok.add_tokens(['[HELPFUL]', '[NOT_HELPFUL]'])
         self.net.resize_token_embeddings(len(self.tok))
         self.label_ids = self.tok.convert_tokens_to_ids(['[NOT_HELPFUL]', '[HELPFUL]'])
+        self.lock = threading.RLock()   # one scoring at a time when a chapter keeps items in flight (`track_map`)
 
     def clone(self) -> 'Seq2SeqFilter':
         "An unfitted filter: the pretrained checkpoint loaded afresh with the same settings."
@@ -468,9 +474,9 @@ class Seq2SeqFilter:
         "Softmax over the two label tokens at the first decoder step; maximum over a snippet's windows."
         import torch
         if not len(snippets): return np.zeros(0)
-        enc, owner = self._encode(questions, snippets)
-        start = torch.full((len(owner), 1), self.net.config.decoder_start_token_id)
-        with torch.no_grad():
+        with self.lock, torch.no_grad():
+            enc, owner = self._encode(questions, snippets)
+            start = torch.full((len(owner), 1), self.net.config.decoder_start_token_id)
             logits = self.net(input_ids=enc['input_ids'].to(self.device), attention_mask=enc['attention_mask'].to(self.device),
                               decoder_input_ids=start.to(self.device)).logits[:, 0, self.label_ids]
         p = torch.softmax(logits.float(), -1)[:, 1].cpu().numpy()
