@@ -381,7 +381,9 @@ def site_sources(root: Path | str | None = None, # output root of the run to pub
     (src / 'library').mkdir()
     lib = sorted(repo.glob('nbs/0*.ipynb')) + [repo / 'nbs' / m for p in PAPERS.values() for m in p.method]
     for nb in lib:
-        shutil.copy2(nb, src / 'library' / nb.name); parts['Library'].append(f'library/{nb.stem}')
+        # a lesson that prints a markdown table shows it as a table, as the chapters do
+        (src / 'library' / nb.name).write_text(json.dumps(readable_outputs(json.loads(nb.read_text())), ensure_ascii=False))
+        parts['Library'].append(f'library/{nb.stem}')
     (src / '_toc.yml').write_text(_toc(parts))
     return src
 
