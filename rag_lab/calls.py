@@ -18,7 +18,7 @@ from .config import cache_root, atomic_write_bytes, atomic_write_text, cache_dir
 # %% auto #0
 __all__ = ['CacheMode', 'SHARD_LIMIT', 'RecordsMode', 'LOGPROB_TOL', 'API_PRICES_USD_PER_1M', 'LEDGER', 'CacheError', 'LLMCache',
            'RecordsError', 'CallRecords', 'records_mode', 'call_records', 'same_result', 'CallRecord', 'Ledger',
-           'map_calls', 'clock', 'track', 'track_map', 'Recorder', 'start_recording', 'active_recorder',
+           'check_pool', 'map_calls', 'clock', 'track', 'track_map', 'Recorder', 'start_recording', 'active_recorder',
            'recording_folder', 'finish_recording', 'prune_records']
 
 # %% ../nbs/04b_calls.ipynb #dd8b222a
@@ -446,6 +446,16 @@ class Ledger:
 
 LEDGER = Ledger()
 
+# %% ../nbs/04b_calls.ipynb #25b0c5a7
+def check_pool(workers: int, # items in flight at once
+               timeout: float | None = None, # seconds a stage (or batch) may take; None: no limit
+              ) -> None:
+    "Refuse a pool size or timeout no run can use, with the value it got; before any item starts."
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 256:
+        raise ValueError(f"workers must be a whole number from 1 to 256, got {workers!r}")
+    if timeout is not None and not timeout > 0: raise ValueError(f"timeout must be more than 0 seconds or None, got {timeout!r}")
+
+
 # %% ../nbs/04b_calls.ipynb #b4d8f2a1
 def map_calls(fn: Callable[[Any], Any], # one item's work: its LLM calls and whatever it returns
               items: Sequence, # a stage's independent items
@@ -454,9 +464,7 @@ def map_calls(fn: Callable[[Any], Any], # one item's work: its LLM calls and wha
               ledger: Ledger | None = None, # the ledger the calls are accounted in (default: LEDGER)
              ) -> list: # fn(item) for each item, in item order
     "`fn` over independent items through a bounded pool; results, ledger rows, traces and records as in a sequential run."
-    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 256:
-        raise ValueError(f"workers must be a whole number from 1 to 256, got {workers!r}")
-    if timeout is not None and not timeout > 0: raise ValueError(f"timeout must be more than 0 seconds or None, got {timeout!r}")
+    check_pool(workers, timeout)
     items, ledger = list(items), ledger if ledger is not None else LEDGER
     if workers == 1 or len(items) <= 1: return [fn(x) for x in items]
     current = ledger.current
@@ -545,7 +553,7 @@ def track_map(fn: Callable[[Any], Any], # one item's work: its LLM calls and wha
              ) -> list: # fn(item) for each item, in item order
     "`map_calls` with `track`'s progress: the stage's items one after the other, or `workers` at a time, batch by batch."
     items = list(items)
-    map_calls(lambda x: x, [], workers, timeout)   # the same checks of workers and timeout for every path
+    check_pool(workers, timeout)   # the same checks on every path, before the first item
     if workers == 1: return [fn(x) for x in track(items, desc, ledger=ledger)]
     out, step = [], 4 * workers
     for i, _ in enumerate(track(items, desc, ledger=ledger, batch=step)):

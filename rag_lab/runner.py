@@ -20,13 +20,13 @@ import numpy as np, pandas as pd
 
 # %% auto #0
 __all__ = ['KERNEL_HASHSEED', 'STAGING_OWNER', 'LEGACY_STAGING_AGE', 'RECORDED_PROFILES', 'FRESH_ESTIMATE', 'FRESH_LIMIT_SECONDS',
-           'RUN_META_KEYS', 'UsageError', 'notebook_parameters', 'plan_run', 'check_out_root', 'check_records_writable',
-           'destination', 'output_lock', 'clean_stale_staging', 'executed_copy', 'progress_line', 'run_notebook',
-           'fresh_estimate', 'longest_first', 'fresh_plan', 'fresh_budgets', 'scratch_env', 'read_run_meta',
-           'published_problems', 'write_summaries', 'refresh_readme', 'readme_command', 'reproduce', 'site_command',
-           'records_table', 'nominal_seconds', 'fresh_seconds', 'estimate_fresh_compute', 'lanes_wall',
-           'save_fresh_estimate', 'records_command', 'server_check_failures', 'check_server_command', 'list_command',
-           'params_command', 'main', 'try_it']
+           'RUN_META_KEYS', 'BATCH_DRIVERS', 'UsageError', 'notebook_parameters', 'plan_run', 'check_out_root',
+           'check_records_writable', 'destination', 'output_lock', 'clean_stale_staging', 'executed_copy',
+           'progress_line', 'run_notebook', 'fresh_estimate', 'longest_first', 'fresh_plan', 'fresh_budgets',
+           'scratch_env', 'read_run_meta', 'published_problems', 'write_summaries', 'refresh_readme', 'readme_command',
+           'reproduce', 'site_command', 'records_table', 'nominal_seconds', 'fresh_seconds', 'estimate_fresh_compute',
+           'lanes_wall', 'save_fresh_estimate', 'records_command', 'server_check_failures', 'check_server_command',
+           'list_command', 'params_command', 'main', 'batch_kernel', 'try_it']
 
 # %% ../nbs/08_runner.ipynb #4fae61f3
 class UsageError(ValueError):
@@ -851,6 +851,24 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, RecordsError, CacheError) as e:   # a damaged record or cache is a message naming the file, never a traceback
         print(f"rag-lab: error: {e}", file=sys.stderr); return 2
 
+# %% ../nbs/08_runner.ipynb #b2380327
+BATCH_DRIVERS = ('papermill', 'nbconvert', 'nbclient', 'nbdev_test', 'execnb')   # programs that execute notebooks unattended
+
+def batch_kernel(pid: int | None = None, # the process to ask about; default: this one
+                 depth: int = 6, # how many ancestors to look through
+                ) -> bool:
+    "Is this process (a notebook kernel) run by a program that executes notebooks unattended, such as papermill?"
+    pid = os.getpid() if pid is None else pid
+    for _ in range(depth):
+        try:
+            argv = Path(f'/proc/{pid}/cmdline').read_bytes().split(b'\0')
+            pid = int(Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[1])   # the parent's pid
+        except (OSError, ValueError, IndexError): return False   # no /proc (macOS, Windows): only the environment tells
+        if any(d in Path(a.decode(errors='replace')).name for a in argv[:3] for d in BATCH_DRIVERS): return True
+        if pid <= 1: return False
+    return False
+
+
 # %% ../nbs/08_runner.ipynb #f8d2b3e5
 def try_it(slug: str, # the chapter, e.g. 'pubmed_reasoner'
            profile: str = 'smoke', # smoke: a few items, computed in minutes; class: ~20 published items, replayed
@@ -862,7 +880,7 @@ def try_it(slug: str, # the chapter, e.g. 'pubmed_reasoner'
     ps = [f'{k}={v}' for k, v in params.items()]
     cmd = ' '.join(['rag-lab reproduce --only', slug, '--profile', profile, *(f'-p {p}' for p in ps)] + (['--allow-fresh'] if allow_fresh else []))
     ctx = run_context()
-    if ctx.notebook or ctx.in_test:   # this chapter is itself a batch run: never start another one from it
+    if ctx.notebook or ctx.in_test or batch_kernel():   # this chapter is itself a batch run: never start another one from it
         return Markdown(f'*Skipped in a batch run.* Run this cell in JupyterLab, or in a terminal: `{cmd}`')
     plan_run([slug], ps, repo_root() / 'nbs', profile)   # a bad change is refused here, before any work
     dest, _ = destination(profile, ps)

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from conftest import readme_reproduce_commands
-from rag_lab.config import PROFILES, LLMParams, SMOKE_LLM, cache_root, param_schema, resolve_params
+from rag_lab.config import PROFILES, LLMParams, SERVER_BACKENDS, SMOKE_LLM, cache_root, param_schema, resolve_params
 from rag_lab.models import embedded_model_path
 from rag_lab.papers import CHAPTERS
 from rag_lab.runner import _parser, plan_run, reproduce
@@ -21,7 +21,6 @@ from rag_lab.server import LlamaServerProcess
 
 REPO = Path(__file__).resolve().parents[1]
 LLM_CHAPTERS = [s for s, p in CHAPTERS.items() if issubclass(p.params, LLMParams)]
-SERVER_BACKENDS = ('openai', 'llamaserver')   # the backends that reach a server at base_url
 # what a paper-scale command asks of its backend; every other value on which the paper and smoke profiles differ is
 # the run's size or a model that needs a GPU or a download (a smoke run's stand-ins replace them)
 PROTOCOL = ('backend', 'model', 'base_url', 'answer_mode', 'calibration')

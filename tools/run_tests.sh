@@ -22,7 +22,7 @@ if [ "$workers" -gt 1 ] && "$VENV/bin/python" -c 'import xdist' 2>/dev/null; the
   export RAG_LAB_LLM_THREADS="${RAG_LAB_LLM_THREADS:-1}"
 fi
 t0=$(date +%s)
-"$VENV/bin/python" -m pytest tests -q -p no:cacheprovider --junitxml="$tmp/junit.xml" "${parallel[@]}" "$@"
+"$VENV/bin/python" -m pytest tests -q -p no:cacheprovider --durations=25 --junitxml="$tmp/junit.xml" "${parallel[@]}" "$@"
 rc=$?
 echo "pytest took $(( $(date +%s) - t0 )) s in $([ ${#parallel[@]} -gt 0 ] && echo "$workers workers" || echo "one process")"
 "$VENV/bin/python" - "$tmp/junit.xml" <<'PY'
