@@ -17,7 +17,7 @@ from ..text import Corpus, Document, tokenize, split_sentences
 from ..llm import LLM, get_llm
 from ..parsing import ParsedAnswer, extract_json, parse_final_answer
 from pydantic import Field, field_validator, model_validator
-from ..config import Backend, LLMParams, SMOKE_LLM, comma_list_of
+from ..config import Backend, LLMParams, ServedLLMParams, SMOKE_LLM, comma_list_of
 from ..report import accuracy_row, comparison_rows, prior_rows, share_metric
 
 # %% auto #0
@@ -47,7 +47,7 @@ def shot_counts(shots: str, # comma-separated demonstration counts, e.g. '0,1,2'
     if not ks or not all(0 <= k <= 8 for k in ks): raise ValueError(f"shots must lie between 0 and 8 (at least one), got {shots!r}")
     return ks
 
-class ReasonVerifyParams(LLMParams):
+class ReasonVerifyParams(ServedLLMParams):
     "Reason and Verify (paper 1)."
     datasets: str = 'bioasq,pubmedqa'
     answer_mode: Literal['scored', 'free_text'] = Field('scored', description="scored: the most likely option key after the "
