@@ -12,10 +12,10 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.metrics.pairwise import cosine_similarity
-from ..config import BACKEND_CAPABILITIES, LLMParams, SMOKE_LLM, comma_list_of
+from ..config import BACKEND_CAPABILITIES, LLMParams, ServedLLMParams, SMOKE_LLM, comma_list_of
 from ..data import load_scifact_claims, load_healthver, load_covidfact, scifact_corpus, nested_sample
 from ..llm import LLM, as_messages, chat_structured
-from ..calls import LEDGER, track
+from ..calls import LEDGER, track_map
 from ..metrics import (answer_margin, paired_auroc_difference, apply_option_bias, auroc_ci, compare_paired, content_free_bias, fit_option_bias,
     label_distribution, prior_verdict)
 from ..parsing import ParsedAnswer
@@ -59,7 +59,7 @@ ANSWER_MODES: tuple[str, ...] = AnswerMode.__args__
 AuditMode = Literal['scored', 'json']
 Calibration = Literal['none', 'dev', 'content_free']
 
-class VeriragParams(LLMParams):
+class VeriragParams(ServedLLMParams):
     "VERIRAG (paper 4). `n`: headline test claims per claim set (None: every eligible claim)."
     claim_sets: str = 'scifact,healthver,covidfact'
     n_train: int = Field(4, ge=2, le=100_000, description="training claims per claim set, for calibrating α, λ, C and the Ridge threshold model (disjoint from the test claims)")
@@ -1131,20 +1131,27 @@ def judge_sample(methods: Mapping[str, PaperMethods], # paper id -> judge A's au
 # %% ../../nbs/42_verirag_method.ipynb #fc835a4a
 def second_judge(llm: LLM, methods: Mapping[str, PaperMethods], # paper id -> judge A's methods audit
                  papers: Mapping[str, EvidencePaper], # paper id -> the paper (its text)
-                 tag: str = 'judge B') -> tuple[pd.DataFrame, pd.DataFrame, int]:
+                 tag: str = 'judge B',
+                 workers: int = 1, # papers in flight over a server backend (`track_map`); 1: one after the other
+                ) -> tuple[pd.DataFrame, pd.DataFrame, int]:
     "Verdict frames (paper_id, check, verdict) of judge A (the audit) and judge B, and B's unparseable count."
-    a_rows, b_rows, bad = [], [], 0
+    def regrade(pid: str):   # one paper's applicable checks, re-graded (None: a snippet NA by rule, nothing to ask)
+        m = methods[pid]
+        app = [c for c in CHECK_IDS if m.status == 'ok' and m.mask[c]]
+        if not app: return None
+        return app, _ask_json(llm, second_judge_prompt(papers[pid], app), audit_schema(app), max_tokens=_cap(llm, 8 + 7 * len(app)))
     with LEDGER.experiment(tag):
-        for pid in track(list(methods), f'{tag}: re-grading the applicable checks'):
-            m = methods[pid]
-            app = [c for c in CHECK_IDS if m.status == 'ok' and m.mask[c]]   # none for a snippet NA by rule
-            if not app: continue
-            r = _ask_json(llm, second_judge_prompt(papers[pid], app), audit_schema(app), max_tokens=_cap(llm, 8 + 7 * len(app)))
-            if r.status != 'ok': bad += 1; continue
-            a_rows += [dict(paper_id=pid, check=c, verdict=m.verdicts[c]) for c in app]
-            b_rows += [dict(paper_id=pid, check=c, verdict=v) for c, v in r.value.model_dump().items()]
+        done = track_map(regrade, list(methods), f'{tag}: re-grading the applicable checks', workers=workers)
+    a_rows, b_rows, bad = [], [], 0
+    for pid, got in zip(methods, done):
+        if got is None: continue
+        app, r = got
+        if r.status != 'ok': bad += 1; continue
+        a_rows += [dict(paper_id=pid, check=c, verdict=methods[pid].verdicts[c]) for c in app]
+        b_rows += [dict(paper_id=pid, check=c, verdict=v) for c, v in r.value.model_dump().items()]
     cols = ['paper_id', 'check', 'verdict']
     return pd.DataFrame(a_rows, columns=cols), pd.DataFrame(b_rows, columns=cols), bad
+
 
 # %% ../../nbs/42_verirag_method.ipynb #4504d588
 def check_pass_rates(methods: Mapping[str, PaperMethods], # paper id -> its methods audit
