@@ -15,11 +15,12 @@ from .report import (ITEM_COLUMNS, _fmt, _result_csvs, ci_text, markdown_table, 
                             scorecard_text, table_value)
 
 # %% auto #0
-__all__ = ['INDEX_MAX_ROWS', 'MATHJAX_PACKAGE', 'WHY_MAX_CHARS', 'VERDICT_COLUMNS', 'VERDICTS_BEGIN', 'VERDICTS_END',
-           'FINDINGS_TAG', 'run_banner', 'figure_captions', 'write_index', 'local_mathjax', 'anchor', 'item_texts',
-           'item_browser', 'call_page', 'readable_outputs', 'results_page', 'site_sources', 'jupyter_book',
-           'build_site', 'note_verdict', 'metric_digits', 'verdict_table', 'verdict_markdown', 'readme_with_verdicts',
-           'update_readme_verdicts', 'is_plumbing', 'findings_markdown', 'reader_notebook', 'write_reader_notebook']
+__all__ = ['INDEX_MAX_ROWS', 'MATHJAX_PACKAGE', 'OPEN_TARGET_JS', 'WHY_MAX_CHARS', 'VERDICT_COLUMNS', 'VERDICTS_BEGIN',
+           'VERDICTS_END', 'FINDINGS_TAG', 'run_banner', 'figure_captions', 'write_index', 'local_mathjax', 'anchor',
+           'item_texts', 'item_browser', 'call_page', 'readable_outputs', 'results_page', 'site_sources',
+           'jupyter_book', 'build_site', 'note_verdict', 'metric_digits', 'verdict_table', 'verdict_markdown',
+           'readme_with_verdicts', 'update_readme_verdicts', 'is_plumbing', 'findings_markdown', 'reader_notebook',
+           'write_reader_notebook']
 
 # %% ../nbs/07b_pages.ipynb #237c5347
 INDEX_MAX_ROWS = 60  # tables longer than this are linked from the index, not inlined
@@ -270,6 +271,7 @@ sphinx:
       use_download_button: false
       use_fullscreen_button: false
     html_css_files: [items.css]
+    html_js_files: [open_target.js]
 """
 
 def _toc(parts: dict[str, list[str]]) -> str:
@@ -278,6 +280,19 @@ def _toc(parts: dict[str, list[str]]) -> str:
     for caption, files in parts.items():
         if files: out += f'  - caption: {caption}\n    chapters:\n' + ''.join(f'      - file: {f}\n' for f in files)
     return out
+
+# %% ../nbs/07b_pages.ipynb #e697a6f4
+# A link from a headline row or a disagreement list lands on an item's collapsed <details>: open it, on load and on
+# every later jump within the page, so the reader sees the item's answers without a second click.
+OPEN_TARGET_JS = """function ragLabOpenTarget() {
+  const id = decodeURIComponent(window.location.hash.slice(1));
+  const target = id ? document.getElementById(id) : null;
+  if (target && target.tagName === 'DETAILS') { target.open = true; target.scrollIntoView(); }
+}
+window.addEventListener('DOMContentLoaded', ragLabOpenTarget);
+window.addEventListener('hashchange', ragLabOpenTarget);
+"""
+
 
 # %% ../nbs/07b_pages.ipynb #5e1ae3a4
 _PIPE_RULE = re.compile(r'^\s*\|(?:\s*:?-{3,}:?\s*\|)+\s*$', re.M)   # the line under a markdown table's header
@@ -335,6 +350,7 @@ def site_sources(root: Path | str | None = None, # output root of the run to pub
                                                'table td code, table td code span.pre{white-space:normal;overflow-wrap:anywhere} '
                                                'table td:first-child code span.pre{white-space:nowrap} '
                                                'main table{font-size:0.85em} main table td{overflow-wrap:break-word} main table th{overflow-wrap:break-word;hyphens:auto}\n')   # long paths wrap, numbers and headers break only at spaces (a header never letter by letter)
+    (src / '_static' / 'open_target.js').write_text(OPEN_TARGET_JS)
     local_mathjax(src / '_extra')
     import matplotlib.pyplot as plt
     fig = plt.figure(figsize=(0.32, 0.32)); fig.text(0.5, 0.5, 'R', ha='center', va='center', fontsize=14, weight='bold')

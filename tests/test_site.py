@@ -131,3 +131,20 @@ def test_every_page_loads_in_headless_chromium_without_errors(site, server):
         browser.close()
     assert not problems, '\n'.join(problems[:30])
     assert (ARTEFACTS / 'site-landing.png').stat().st_size > 10_000 and (ARTEFACTS / 'site-claim_aware.png').stat().st_size > 10_000
+
+
+def test_a_link_to_an_item_opens_its_answers(site, server):
+    "An item's anchor opens its collapsed <details> (open_target.js), on arrival and on a later jump within the page."
+    assert CHROMIUM, "headless Chromium is needed for this test: apt-get install chromium (.ci/run does)"
+    from playwright.sync_api import sync_playwright
+    page_file = site / 'items' / 'verirag-headline.html'
+    item = re.findall(r'<details id="([^"]+)"', page_file.read_text())[0]
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROME_FLAGS)
+        page = browser.new_page(viewport={'width': 1280, 'height': 900})
+        page.goto(urljoin(server, 'items/verirag-headline.html') + f'#{item}', wait_until='networkidle')
+        assert page.evaluate(f"document.getElementById({item!r}).open"), 'the linked item arrived collapsed'
+        page.evaluate(f"document.getElementById({item!r}).open = false; window.location.hash = 'main-content'")
+        page.evaluate(f"window.location.hash = {item!r}")   # a jump within the page, as from the system list above it
+        page.wait_for_function(f"document.getElementById({item!r}).open", timeout=5000)
+        browser.close()
