@@ -12,6 +12,8 @@ from rag_lab.report import ITEM_COLUMNS
 from rag_lab.papers.verirag_hv import (ALPHA_GRID, CHECK_IDS, K, BoldnessModel, HVParams, PaperAudit, accept, audit_vectors, calibrate,
     chunk_redundancy, claim_features, classification_summary, effective_contribution, grades_to_audit, hv_score, judge_agreement, log_odds,
     paired_f1_difference, paper_quality, prediction_summary, prevalence_macro_f1, score_claim, sigmoid, tallies, tau_auto)
+from rag_lab.papers.verirag import (PROBES, SELECTIVE_REPORTING, VERIRAG_SYSTEM, claim_features_of, degrade_methods, degrade_pairs,
+    grade_checks, is_question, judge_sample, paper_stances, parse_probes, stance_options, uniform_audits)
 from rag_lab.papers.verirag import (ANSWERS_VALID, AUROC, CALIBRATED, CONTENT_FREE, JUSTIFICATION_CHARS, LABEL_METRICS, PREVALENCE_F1,
     SUMMARY_METRICS, BaselineRun, ClaimCase, ClaimFeatures, EvidencePaper, PaperMethods, ProbeAnswer, VeriragParams, audit_claim, audit_methods,
     audit_status, calibrated_verdict, check_pass_rates, claim_items, first_per_set, claim_cases, compare_rows, compare_verdicts,
@@ -183,11 +185,15 @@ class ScriptedLLM(LLM):
         return dict(logprobs=[0.0 if o.strip() == want else -3.0 for o in options], n_tokens=[1] * len(options),
                     context_tokens=len(prompt.split()))
 
-TEXT = 'We randomised 200 adults. Vitamin D reduced falls by 20 percent (95% CI 5-30).'
+TEXT = ('Background: falls are common in older adults. Methods: In this randomised, double-blind, placebo-controlled trial '
+        'we randomised 200 adults aged 70 or more to vitamin D or placebo for one year; outcome assessors were blinded and '
+        'the analysis followed intention to treat, with multiple imputation for the 12 participants lost to follow-up. '
+        'Results: Vitamin D reduced falls by 20 percent (95% CI 5-30). Conclusion: vitamin D reduces falls in older adults.')
+SNIPPET = 'Vitamin D reduced falls by 20 percent.'
 
 def _case():
-    papers = {p: EvidencePaper(p, 'A trial', TEXT, 'gold' if p == 'g' else 'topical', 'Supports' if p == 'g' else None)
-              for p in ('t1', 'g', 't2')}
+    papers = {p: EvidencePaper(p, {'t1': 'A trial', 'g': 'The vitamin D trial', 't2': ''}[p], TEXT if p != 't2' else SNIPPET, 'gold' if p == 'g' else 'topical',
+                               'Supports' if p == 'g' else None) for p in ('t1', 'g', 't2')}
     return ClaimCase('c1', 'scifact', 'test', 'Vitamin D reduces falls in adults.', True, papers,
                      temporal_scenarios('t1', ['g'], ['t2']))
 
@@ -197,18 +203,43 @@ FEATURES = json.dumps(dict(specificity=6, testability=7, required_standard='Robu
                            agree_probe='Does vitamin D reduce falls?', conflict_probe='Does vitamin D not reduce falls?',
                            paraphrase_probe='Do falls drop with vitamin D?'))
 AUDIT = 'You audit the methods'
+RCT_CHOICES = {('Check C8 ', 'Answer:'): 'D', ('Check C10 ', 'Answer:'): 'D', ('Check C11 ', 'Answer:'): 'D', ('Check C', 'Answer:'): 'A'}
+PROBES_TEXT = 'Agree: Yes\nConflict: No\nParaphrase: Does vitamin D reduce falls in adults?'
+SCRIPT = {'Write three short yes/no questions': PROBES_TEXT}
 
-def test_methods_audit_keeps_only_applicable_grades(tmp_path):
-    llm = ScriptedLLM({AUDIT: GOOD}, tmp_path)
+def _contexts(llm, kind='choice'):
+    "The recorded requests of one kind, in the order they were made."
+    return [llm.ledger.calls[r.key]['request'] for r in llm.ledger.records if llm.ledger.calls[r.key]['request']['kind'] == kind]
+
+def test_methods_audit_is_check_by_check_after_one_shared_prefix(tmp_path):
+    llm = ScriptedLLM({}, tmp_path, choices=RCT_CHOICES)
     m = audit_methods(llm, _case().papers['g'])
-    assert m.status == 'ok' and [c for c, a in m.mask.items() if not a] == ['C8', 'C10', 'C11']
+    assert m.status == 'ok' and [c for c, a in m.mask.items() if not a] == ['C8', 'C10', 'C11'] and len(m.calls) == K
     assert set(m.verdicts) == {c for c, a in m.mask.items() if a} and set(m.verdicts.values()) == {'Pass'}
+    reqs = _contexts(llm)
+    assert [r['options'] for r in reqs] == [[' A', ' B', ' C', ' D']] * K and {r['prefix'] for r in reqs} == {'Answer:'}
+    users = [r['context'][1]['content'] for r in reqs]
+    assert all(r['context'][0] == {'role': 'system', 'content': VERIRAG_SYSTEM} for r in reqs)   # an explicit system message
+    head = users[0].split('Check C1 ')[0]
+    assert all(u.startswith(head) and u.count('Check C') == 1 for u in users)             # the paper first, shared; one check each
+    assert [u.split('Check ')[1].split(' ')[0] for u in users] == list(CHECK_IDS)          # consecutive calls, checklist order
+    snip = audit_methods(llm, _case().papers['t2'])                                        # an untitled snippet: NA by rule, no call
+    assert (snip.rule, snip.calls, any(snip.mask.values())) == ('untitled snippet', [], False) and len(_contexts(llm)) == K
 
-def test_methods_grade_outside_schema_is_unparseable_not_defaulted(tmp_path):
-    bad = json.dumps(dict(grades=RCT_GRADES[:-1] + ['Maybe']))
-    llm = ScriptedLLM({AUDIT: bad, 'Rate this research claim': FEATURES, 'Stance of each snippet': '{}'}, tmp_path,
-                      choices={('Stance of each snippet', ':'): 'supports'})
+def test_uniform_audits_are_detected_and_offsets_can_break_them(tmp_path):
+    llm = ScriptedLLM({}, tmp_path, choices={('Check C', 'Answer:'): 'C'})                  # a model that says Uncertain to everything
     m = audit_methods(llm, _case().papers['g'])
+    assert uniform_audits({'g': m}) == dict(audited=1, uniform=1, uniform_pct=100.0, by_grade={'Uncertain': 1}, not_papers=0, unparseable=0)
+    off = {c: {'Pass': 3.0, 'Fail': 0.0, 'Uncertain': 0.0, 'NA': 0.0} if c == 'C1' else {g: 0.0 for g in ('Pass', 'Fail', 'Uncertain', 'NA')}
+           for c in CHECK_IDS}
+    m2 = grade_checks('g', m.grade_logprobs, off)
+    assert m2.grades['C1'] == 'Pass' and uniform_audits({'g': m2})['uniform'] == 0
+    assert uniform_audits({'s': audit_methods(llm, _case().papers['t2'])})['audited'] == 0   # a snippet is not a uniform audit
+
+def test_json_methods_audit_outside_schema_is_unparseable_not_defaulted(tmp_path):
+    bad = json.dumps(dict(grades=RCT_GRADES[:-1] + ['Maybe']))
+    llm = ScriptedLLM({AUDIT: bad, **SCRIPT}, tmp_path)
+    m = audit_methods(llm, _case().papers['g'], mode='json')
     assert m.status == 'unparseable' and m.verdicts is None and len(m.raw) == 2          # first answer + one repair
     case = _case()
     ids = case.scenarios['TY1']
@@ -218,10 +249,30 @@ def test_methods_grade_outside_schema_is_unparseable_not_defaulted(tmp_path):
     bm = BoldnessModel().fit(np.array([claim_features(5, 5, 'Robust Study'), claim_features(9, 9, 'Settled Science')]), [0, 1])
     sc = verirag_scores([ca], 'TY1', bm, HVParams()).iloc[0]
     assert (sc.verdict, sc.n_ev, sc.dropped, sc.h_s) == ('Invalid', 2, 2, 0.0)
+    with pytest.raises(ValueError, match='audit mode'): audit_methods(llm, case.papers['g'], mode='xml')
+
+def test_each_stance_prompt_holds_one_paper_and_no_earlier_answer(tmp_path):
+    case = _case()
+    case.papers['t1'] = EvidencePaper('t1', 'Bone density', 'Calcium intake was unrelated to bone density in this cohort. ' * 8, 'topical')
+    case.papers['g'] = EvidencePaper('g', 'Vitamin D and falls', 'Vitamin D did not reduce falls in adults in this trial. ' * 8, 'gold', 'Refutes')
+    want = {'t1': 'Neutral', 'g': 'Refutes', 't2': 'Supports'}
+    letter = {p: next(k for k, s in stance_options(case.claim_id, p).items() if s == want[p]) for p in want}
+    llm = ScriptedLLM({}, tmp_path, choices={('Calcium intake', 'Answer:'): letter['t1'], ('did not reduce', 'Answer:'): letter['g'],
+                                             ('reduced falls by 20', 'Answer:'): letter['t2']})
+    st_ = paper_stances(llm, case, case.scenarios['TY3'], 'scored')
+    assert {p: a.answer for p, a in st_.items()} == want                                   # refuting evidence can win
+    assert set(st_['g'].logprobs) == {'Supports', 'Refutes', 'Neutral'} and st_['g'].confidence > 0.5
+    reqs = _contexts(llm)
+    assert len(reqs) == 3 and {r['prefix'] for r in reqs} == {'Answer:'}                   # nothing written before the answer
+    for r, p in zip(reqs, case.scenarios['TY3']):
+        msgs = r['context']
+        assert [m['role'] for m in msgs] == ['system', 'user'] and r['options'] == [' A', ' B', ' C']   # one-token letters, no earlier turn
+        others = [q for q in case.scenarios['TY3'] if q != p]
+        assert all(case.papers[q].text.split('.')[0] not in msgs[1]['content'] for q in others)   # no other paper
+        assert not re.search(r'\[\d\]\s*:', msgs[1]['content']) and 'supports' not in msgs[1]['content'].split('Answer with')[1].lower()
 
 def test_free_text_stances_unparseable_are_counted_scored_ones_never(tmp_path):
-    llm = ScriptedLLM({AUDIT: GOOD, 'Rate this research claim': FEATURES, 'Stance of each snippet': '{"1": "maybe"}'}, tmp_path,
-                      choices={('Stance of each snippet', '[1]:'): 'neutral', ('Stance of each snippet', '[2]:'): 'supports'})
+    llm = ScriptedLLM({'key stance holds': '{"stance": "maybe"}', **SCRIPT, 'Rate this research claim': FEATURES}, tmp_path)
     case = _case()
     ids = case.scenarios['TY1']
     methods = {p: audit_methods(llm, case.papers[p]) for p in ids}
@@ -229,60 +280,63 @@ def test_free_text_stances_unparseable_are_counted_scored_ones_never(tmp_path):
     assert audit_status([free])['stance_unparseable'] == 2 and all(r.stance.status == 'unparseable' for r in free.records.values())
     scored = audit_claim(llm, case, ids, methods, mode='scored')
     assert audit_status([scored]) == {'claims': 1, 'features_unparseable': 0, 'ok': 2}
-    assert [scored.records[p].stance.answer for p in ids] == ['Neutral', 'Supports']        # line by line, in evidence order
-    assert scored.records['g'].stance.confidence > 0.5 and set(scored.records['g'].stance.logprobs) == {'supports', 'refutes', 'neutral'}
-    conf = stance_confusion([scored])
-    assert conf.loc['gold Supports', 'Supports'] == 1 and conf.loc['topical (no annotation)', 'Neutral'] == 1
+    conf = stance_confusion([scored], by_set=True)
+    assert int(conf.loc[('scifact', 'gold Supports')].sum()) == 1 and int(conf.loc[('scifact', 'topical (no annotation)')].sum()) == 1
     with pytest.raises(ValueError, match='answer mode'): audit_claim(llm, case, ids, methods, mode='parsed')
 
-def test_scored_baselines_follow_their_protocol(tmp_path):
-    llm = ScriptedLLM({'Decide whether the evidence supports': 'Snippet [2] reports 20 percent fewer falls.',
-                       'Critique each snippet': '[1]: irrelevant\n[2]: full'}, tmp_path,
-                      choices={('Decide whether', 'Verdict:'): 'Supports', ('Now give a verdict', 'Verdict:'): 'Valid',
-                               ('Assess the claim', 'Initial verdict:'): 'Neutral', ('Assess the claim', 'one paper:'): 'yes',
-                               ('Assess the claim', 'Paper number:'): '2', ('Full text of paper 2', 'Final verdict:'): 'Supports',
-                               ('Question: Does vitamin D not', 'Answer:'): 'No', ('Question:', 'Answer:'): 'Yes'})
-    f = ClaimFeatures.model_validate_json(FEATURES)
-    cot = run_baseline(llm, 'COT-RAG', _case(), 'TY1', f)
-    assert (cot.verdict, cot.detail['label'], cot.raw) == ('Valid', 'Supports', 'Snippet [2] reports 20 percent fewer falls.')
-    assert cot.confidence == pytest.approx(1 / (1 + 3 * math.exp(-3))) and set(cot.logprobs) == {'Supports', 'Refutes', 'Neutral', 'Unverifiable'}
-    sr = run_baseline(llm, 'Self-RAG', _case(), 'TY1', f)
-    assert (sr.verdict, sr.raw, sr.detail['label']) == ('Valid', '[1]: irrelevant\n[2]: full', 'Valid')   # critiques written, verdict scored
-    fl = run_baseline(llm, 'FLARE', _case(), 'TY1', f)
-    assert (fl.verdict, fl.detail['review']) == ('Valid', 'g')                              # paper 2 of TY1 is the gold one
-    ci = run_baseline(llm, 'CIBER', _case(), 'TY1', f)
-    assert ci.verdict == 'Valid' and ci.detail['stances'] == ['Supports', 'Supports', 'Supports', 'Supports']
-    assert run_baseline(llm, 'FLARE', _case(), 'TY1', None).verdict == 'unparseable'     # no features: counted, not defaulted
+@settings(max_examples=60, deadline=None)
+@given(st.text(alphabet=st.characters(categories=('L', 'N', 'Zs', 'P')), min_size=1, max_size=200).filter(lambda s: re.search(r'\w', s)),
+       st.sampled_from(['Yes', 'No', 'Unsure', '', 'Agree: yes\nConflict: no', 'Agree: Vitamin D works.']))
+def test_every_probe_is_a_question(claim, model_text):
+    probes, src = parse_probes(model_text, claim)
+    assert set(probes) == set(PROBES) and all(is_question(q) for q in probes.values())
+    assert set(src.values()) == {'template'}                                               # none of these outputs is a question
 
-def test_free_text_baseline_answers_outside_schema_are_unparseable(tmp_path):
-    llm = ScriptedLLM({'Decide whether the evidence supports': json.dumps({'relevant_statements': 'x', 'verdict': 'Probably'}),
-                       'Assess the claim': json.dumps(dict(initial_verdict='Supports', needs_full_review=True, paper='7'))}, tmp_path)
-    f = ClaimFeatures.model_validate_json(FEATURES)
-    assert run_baseline(llm, 'COT-RAG', _case(), 'TY1', None, mode='free_text').verdict == 'unparseable'
-    run = run_baseline(llm, 'FLARE', _case(), 'TY1', f, mode='free_text')
-    assert (run.verdict, run.detail['step']) == ('unparseable', 'assessment')             # paper 7 does not exist in TY1
-    with pytest.raises(ValueError, match='unknown baseline'): run_baseline(llm, 'ReAct', _case(), 'TY1', None)
-    with pytest.raises(ValueError, match='answer mode'): run_baseline(llm, 'COT-RAG', _case(), 'TY1', None, mode='json')
+def test_features_are_scored_and_every_ciber_probe_prompt_asks_a_question(tmp_path):
+    llm = ScriptedLLM({**SCRIPT, 'Decide whether the evidence supports': 'Snippet [2] says so.'}, tmp_path,
+                      choices={('"N/A"', 'Answer:'): 'A', ('How specific', 'Answer:'): '7', ('How directly', 'Answer:'): '7',
+                               ('least evidence', 'Answer:'): 'C'})
+    f, detail = claim_features_of(llm, 'Vitamin D reduces falls in adults.')
+    assert f.specificity == pytest.approx(f.testability) and 7.0 < f.specificity < 8.0      # the probability-weighted digit, shifted to 1-10
+    assert (f.required_standard, detail['standard_raw']) == ('Settled Science', 'Settled Science') and detail['probe_sources'] == {'agree_probe': 'template', 'conflict_probe': 'template', 'paraphrase_probe': 'model'}
+    assert f.paraphrase_probe == 'Does vitamin D reduce falls in adults?' and f.agree_probe == 'Does the evidence show that vitamin D reduces falls in adults?'
+    run_baseline(llm, 'CIBER', _case(), 'TY1', f)
+    questions = [m['content'].split('Question: ')[1].split('\n')[0] for r in _contexts(llm) for m in r['context']
+                 if m['role'] == 'user' and 'Question: ' in m['content']]
+    assert len(questions) == 3 and all(is_question(q) for q in questions)                  # never "Question: Yes"
 
-def test_probe_justification_is_capped_so_the_json_can_close(tmp_path):
-    with pytest.raises(Exception): ProbeAnswer.model_validate(dict(answer='Yes', justification='x' * (JUSTIFICATION_CHARS + 1)))
-    assert ProbeAnswer.model_json_schema()['properties']['justification']['maxLength'] == JUSTIFICATION_CHARS
-    cot = json.dumps(dict(relevant_statements='falls fell by 20 percent', verdict='Supports'))
-    probe = json.dumps(dict(answer='Yes', justification='The trial reports fewer falls.'))
-    llm = ScriptedLLM({'Decide whether the evidence supports': cot, 'Answer the question': probe}, tmp_path)
-    run = run_baseline(llm, 'CIBER', _case(), 'TY1', ClaimFeatures.model_validate_json(FEATURES), mode='free_text')
-    assert run.verdict == 'Valid' and run.detail['stances'] == ['Supports', 'Supports', 'Supports', 'Refutes']
+def test_degrade_methods_removes_the_methods_and_keeps_the_rest():
+    text, kinds = degrade_methods(TEXT)
+    assert kinds == ['blinding', 'control', 'randomisation', 'sample', 'selective reporting']
+    assert not re.search(r'randomi[sz]ed|double-blind|placebo-controlled|\bblinded\b', text, re.I)
+    assert '20 adults aged 70' in text and '12 participants' in text and '95% CI 5-30' in text   # 200 -> 20; a count under 20 stays
+    assert SELECTIVE_REPORTING in text and 'Vitamin D reduced falls by 20 percent' in text
+    assert degrade_methods(TEXT) == (text, kinds)                                            # deterministic
+    assert degrade_methods(text)[1] == ['sample', 'selective reporting']                     # only what is left: 20 -> 2 and the sentence again
+    pairs = degrade_pairs([_case().papers[p] for p in ('t1', 'g', 't2')], 5)
+    assert [(s.paper_id, d.paper_id) for s, d, _ in pairs] == [('t1', 't1~degraded'), ('g', 'g~degraded')]   # the snippet is no paper
+    assert all(d.title == s.title and d.text != s.text for s, d, _ in pairs)
+
+def test_judge_sample_is_stratified_by_source_and_grade_profile():
+    def pm(pid, grades): return PaperMethods(pid, 'ok', *reversed(grades_to_audit(grades)))
+    methods = {f'sf{i}': pm(f'sf{i}', ['Pass'] * K) for i in range(20)} | {f'hv{i}': pm(f'hv{i}', ['Fail'] * K) for i in range(3)}
+    methods |= {'mix': pm('mix', ['Pass', 'Fail'] * 5 + ['NA']), 'deg': pm('deg', ['Uncertain'] * K)}
+    source = {p: 'scifact' if p.startswith('sf') or p == 'mix' else 'healthver' if p.startswith('hv') else 'degraded copy' for p in methods}
+    s = judge_sample(methods, source, 4)
+    assert sorted(source[p] for p in s) == ['degraded copy', 'healthver', 'scifact', 'scifact'] and 'mix' in s
+    assert len(judge_sample(methods, source, 100)) == len(methods)
+    first = dict(list(methods.items())[:5]) | {'deg': methods['deg']}                       # a smaller run: the first papers of the same order
+    assert set(judge_sample(first, source, 3)) <= set(judge_sample(methods, source, 40))     # nested: its calls replay from the larger run
 
 def test_each_result_lists_the_calls_behind_it_and_tracing_changes_no_call(tmp_path):
-    llm = ScriptedLLM({AUDIT: GOOD, 'Rate this research claim': FEATURES, 'Decide whether the evidence supports': 'Snippet [2] says so.'},
-                      tmp_path, choices={('Stance of each snippet', ':'): 'supports', ('Decide whether', 'Verdict:'): 'Supports',
-                                         ('Question:', 'Answer:'): 'Yes'})
+    llm = ScriptedLLM({**SCRIPT, 'Decide whether the evidence supports': 'Snippet [2] says so.'},
+                      tmp_path, choices={**RCT_CHOICES, ('Decide whether', 'Verdict:'): 'Supports', ('Question:', 'Answer:'): 'Yes'})
     case = _case()
     ids = case.scenarios['TY1']
     methods = {p: audit_methods(llm, case.papers[p]) for p in ids}
-    assert [len(m.calls) for m in methods.values()] == [1, 1]                               # one answer each, no repair
+    assert [len(m.calls) for m in methods.values()] == [K, K]                               # eleven checks each
     ca = audit_claim(llm, case, ids, methods)
-    assert len(ca.feature_calls) == 1 and len(ca.stance_calls) == len(ids)                  # scored: one choice per paper
+    assert len(ca.feature_calls) == 5 and len(ca.stance_calls) == len(ids)                  # the standard's prior, 3 scored features, the probes; one stance per paper
     assert ca.calls('TY0') == methods['t1'].calls + ca.feature_calls + ca.stance_calls     # only the scenario's methods audits
     assert ca.calls('TY1') == methods['t1'].calls + methods['g'].calls + ca.feature_calls + ca.stance_calls
     cot = run_baseline(llm, 'COT-RAG', case, 'TY1', ca.features)
@@ -306,6 +360,7 @@ def test_each_result_lists_the_calls_behind_it_and_tracing_changes_no_call(tmp_p
     assert (it.supports_mass['CIBER'], it.option_logprobs['COT-RAG'], it.option_logprobs['VERIRAG'], it.raw['VERIRAG']) == \
            (ciber.detail['m_s'], cot.logprobs, '', '')                                         # scored stances: no text to read
     assert list(items.correct) == [it.pred[s] == it.gold[s] for s in items.system] and not it.correct['all-Invalid']
+
 
 def test_score_and_compare_rows_hold_each_interval_beside_its_value():
     truth = [True, False] * 10
@@ -389,8 +444,11 @@ def test_parameters_are_refused_before_work():
     with pytest.raises(ValueError, match='cannot also be secondary'): VeriragParams(scenario='TY1', secondary_scenarios='TY0,TY1')
     with pytest.raises(ValueError, match='cannot exceed n'): VeriragParams(n=5, n_secondary=6)
     with pytest.raises(ValueError, match='unknown scenario'): VeriragParams(scenario='TY2')
-    with pytest.raises(ValueError, match='free_text'): VeriragParams(backend='openai', model='gpt-4o')
+    with pytest.raises(ValueError, match='audit_mode=json'): VeriragParams(backend='openai', model='gpt-4o', answer_mode='free_text')
+    with pytest.raises(ValueError, match='free_text'): VeriragParams(backend='openai', model='gpt-4o', audit_mode='json')
     assert VeriragParams(secondary_scenarios='NONE').secondary == []
+    with pytest.raises(ValueError, match='audit_calibration=none'): VeriragParams(audit_mode='json', audit_calibration='content_free')
+    assert (VeriragParams().audit_calibration, VeriragParams(audit_mode='json').audit_calibration) == ('content_free', 'none')
     # a calibration of option scores with free-text verdicts (which have none) is refused before any work
     for cal in ('dev', 'content_free'):
         with pytest.raises(ValueError, match=f'calibration={cal} shifts option scores'): VeriragParams(answer_mode='free_text', calibration=cal)

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/42_verirag_method.ipynb #5411f162
 from __future__ import annotations
-import hashlib, json, math
+import hashlib, json, math, re
 from dataclasses import dataclass, field
 from typing import Annotated, Literal, Mapping, Sequence
 import numpy as np
@@ -12,47 +12,54 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.metrics.pairwise import cosine_similarity
-from ..config import BACKEND_CAPABILITIES, LLMParams, SMOKE_LLM, comma_list_of
+from ..config import BACKEND_CAPABILITIES, LLMParams, ServedLLMParams, SMOKE_LLM, comma_list_of
 from ..data import load_scifact_claims, load_healthver, load_covidfact, scifact_corpus, nested_sample
-from ..llm import LLM, chat_structured
-from ..calls import LEDGER, track
+from ..llm import LLM, as_messages, chat_structured
+from ..calls import LEDGER, track_map
 from ..metrics import (answer_margin, paired_auroc_difference, apply_option_bias, auroc_ci, compare_paired, content_free_bias, fit_option_bias,
     label_distribution, prior_verdict)
 from ..parsing import ParsedAnswer
 from ..retrieval import BM25Index
 from ..text import Corpus, Document, split_sentences
 from ..report import ci_row, comparison_rows
-from .verirag_hv import (CHECKS, CHECK_IDS, K, PAPER_VALID_SHARE, STANCE_SIGN, VERDICT_SCORE, BoldnessModel, CheckGrade,
+from .verirag_hv import (CHECKS, CHECK_GRADES, CHECK_IDS, K, PAPER_VALID_SHARE, STANCE_SIGN, VERDICT_SCORE, BoldnessModel, CheckGrade,
     HVParams, PaperAudit, claim_features, classification_summary, grades_to_audit, paired_f1_difference,
     prevalence_macro_f1, score_claim, tau_base)
 
 # %% auto #0
-__all__ = ['AnswerMode', 'ANSWER_MODES', 'Calibration', 'PARAMS', 'PROFILES', 'SCENARIOS', 'CLAIM_SETS', 'LATER_PAPERS',
-           'BUILDERS', 'Verdict', 'Stance', 'PROBE_CHARS', 'STANCE_WORDS', 'PAPER_WORDS', 'METHODS_AUDIT_INSTRUCTIONS',
-           'SECOND_JUDGE_INSTRUCTIONS', 'MAX_REPAIRS', 'STATEMENT_CHARS', 'SUPPORT_LABELS', 'JUSTIFICATION_CHARS',
-           'VERDICT_WORDS', 'SYNTHESIS_WORDS', 'YES_NO', 'PROBE_WORDS', 'RATIONALE_TOKENS', 'CRITIQUE_TOKENS',
-           'CIBER_RELIABILITY', 'BASELINES', 'FEATURE_READERS', 'PROBE_STANCE', 'VALID_OPTION', 'CALIBRATED',
-           'CONTENT_FREE', 'PREVALENCE_F1', 'AUROC', 'ANSWERS_VALID', 'SUMMARY_METRICS', 'LABEL_METRICS', 'ALL_INVALID',
-           'ALWAYS_VALID', 'CONSTANTS', 'VeriragParams', 'EvidencePaper', 'ClaimCase', 'temporal_scenarios',
-           'build_cases', 'scifact_cases', 'healthver_cases', 'covidfact_cases', 'claim_cases', 'first_per_set',
-           'evidence_chunks', 'evidence_header', 'ClaimFeatures', 'MethodsAudit', 'audit_schema', 'stance_schema',
-           'methods_audit_prompt', 'features_prompt', 'stance_prompt', 'second_judge_prompt', 'PaperMethods',
-           'audit_methods', 'claim_features_of', 'paper_stances', 'CoTVerdict', 'PassageCritique', 'selfrag_schema',
-           'SynthesisVerdict', 'flare_schema', 'FinalVerdict', 'ProbeAnswer', 'cot_prompt', 'selfrag_critique_prompt',
+__all__ = ['AnswerMode', 'ANSWER_MODES', 'AuditMode', 'Calibration', 'PARAMS', 'PROFILES', 'SCENARIOS', 'CLAIM_SETS',
+           'LATER_PAPERS', 'BUILDERS', 'Verdict', 'Stance', 'PROBE_CHARS', 'STANCE_WORDS', 'VERIRAG_SYSTEM',
+           'PAPER_WORDS', 'AUDIT_WORDS', 'MIN_PAPER_WORDS', 'CHECK_LETTERS', 'METHODS_CHECK_INSTRUCTIONS',
+           'METHODS_AUDIT_INSTRUCTIONS', 'STANCE_TEXT', 'STANDARD_LETTERS', 'FEATURE_QUESTIONS', 'PROBES_INSTRUCTION',
+           'PROBES', 'SECOND_JUDGE_INSTRUCTIONS', 'MAX_REPAIRS', 'UNAUDITED_QUALITY', 'CONTENT_FREE_PAPER',
+           'STATEMENT_CHARS', 'SUPPORT_LABELS', 'JUSTIFICATION_CHARS', 'VERDICT_WORDS', 'SYNTHESIS_WORDS', 'YES_NO',
+           'PROBE_WORDS', 'RATIONALE_TOKENS', 'CRITIQUE_TOKENS', 'CIBER_RELIABILITY', 'BASELINES', 'FEATURE_READERS',
+           'PROBE_STANCE', 'VALID_OPTION', 'CALIBRATED', 'CONTENT_FREE', 'PREVALENCE_F1', 'AUROC', 'ANSWERS_VALID',
+           'SUMMARY_METRICS', 'LABEL_METRICS', 'ALL_INVALID', 'ALWAYS_VALID', 'CONSTANTS', 'DEGRADE_RULES',
+           'SELECTIVE_REPORTING', 'VeriragParams', 'EvidencePaper', 'ClaimCase', 'temporal_scenarios', 'build_cases',
+           'scifact_cases', 'healthver_cases', 'covidfact_cases', 'claim_cases', 'first_per_set', 'evidence_chunks',
+           'evidence_header', 'ClaimFeatures', 'MethodsAudit', 'audit_schema', 'StanceAnswer', 'with_system',
+           'not_a_paper', 'methods_check_messages', 'methods_audit_prompt', 'stance_options', 'stance_messages',
+           'feature_messages', 'features_prompt', 'is_question', 'probe_templates', 'parse_probes',
+           'second_judge_prompt', 'PaperMethods', 'grade_checks', 'audit_methods', 'audit_offsets', 'scale_rating',
+           'claim_features_of', 'paper_stances', 'CoTVerdict', 'PassageCritique', 'selfrag_schema', 'SynthesisVerdict',
+           'flare_schema', 'FinalVerdict', 'ProbeAnswer', 'cot_prompt', 'selfrag_critique_prompt',
            'selfrag_synthesis_prompt', 'flare_prompt', 'flare_final_prompt', 'probe_prompt', 'dempster', 'stance_mass',
            'fuse_stances', 'BaselineRun', 'run_cot', 'run_ciber', 'run_selfrag', 'run_flare', 'run_baseline',
            'valid_logprobs', 'valid_score', 'fit_valid_bias', 'content_free_case', 'content_free_offsets',
            'calibrated_verdict', 'AuditRecord', 'CaseAudit', 'audit_claim', 'audit_status', 'boldness_features',
            'fit_boldness', 'verirag_scores', 'verirag_verdicts', 'predicted_valid', 'score_verdicts', 'score_rows',
-           'no_better_than_constant', 'compare_verdicts', 'compare_rows', 'claim_items', 'second_judge',
-           'check_pass_rates', 'stance_confusion']
+           'no_better_than_constant', 'compare_verdicts', 'compare_rows', 'claim_items', 'grade_profile',
+           'judge_sample', 'second_judge', 'check_pass_rates', 'uniform_audits', 'stance_confusion', 'degrade_methods',
+           'degrade_pairs']
 
 # %% ../../nbs/42_verirag_method.ipynb #198f8929
 AnswerMode = Literal['scored', 'free_text']
 ANSWER_MODES: tuple[str, ...] = AnswerMode.__args__
+AuditMode = Literal['scored', 'json']
 Calibration = Literal['none', 'dev', 'content_free']
 
-class VeriragParams(LLMParams):
+class VeriragParams(ServedLLMParams):
     "VERIRAG (paper 4). `n`: headline test claims per claim set (None: every eligible claim)."
     claim_sets: str = 'scifact,healthver,covidfact'
     n_train: int = Field(4, ge=2, le=100_000, description="training claims per claim set, for calibrating α, λ, C and the Ridge threshold model (disjoint from the test claims)")
@@ -61,6 +68,9 @@ class VeriragParams(LLMParams):
     n_secondary: int = Field(2, ge=1, le=100_000, description="claims per claim set for the secondary cells (the first of the headline's): baselines in the secondary scenarios, the other answer_mode")
     n_judge: int = Field(4, ge=1, le=1_000_000, description="distinct papers the second judge re-grades (Table 2): the first papers of the secondary claims in the primary scenario")
     answer_mode: AnswerMode = Field('scored', description="headline protocol: labels scored by option log-probability, or parsed from JSON (the paper's protocol; the other one runs on the secondary claims)")
+    audit_mode: AuditMode = Field('scored', description="methods audit: each check a scored choice (A Pass / B Fail / C Uncertain / D NA) after one shared prefix per paper, or the eleven grades as one JSON answer (for backends that cannot score)")
+    audit_calibration: Literal['content_free', 'none'] = Field('content_free', description="scored audit: per-check grade offsets that undo the model's grade prior, read from a content-free report (`audit_offsets`; 11 calls), or none (the most likely letter as it stands); the raw grades are reported beside either way")
+    n_degraded: int = Field(40, ge=0, le=100_000, description="abstracts paired with a copy whose methods are degraded (`degrade_methods`), the construct-validity test of the audit; 0: no test")
     calibration: Calibration = Field('dev', description="prior calibration of the scored baselines' Valid / Invalid option scores, shown beside their raw verdicts: none; dev (offsets fitted on the baselines' runs on the training claims); content_free (offsets from one 'N/A' claim per baseline). With answer_mode=free_text (no option scores) the default is none")
 
     @field_validator('claim_sets')
@@ -83,7 +93,9 @@ class VeriragParams(LLMParams):
     def _calibration_default(cls, data):
         "Free-text verdicts carry no option scores: there the default calibration is 'none' (asking for another is refused below)."
         if isinstance(data, dict) and data.get('answer_mode') == 'free_text' and data.get('calibration') is None:
-            return {**data, 'calibration': 'none'}
+            data = {**data, 'calibration': 'none'}
+        if isinstance(data, dict) and data.get('audit_mode') == 'json' and data.get('audit_calibration') is None:
+            data = {**data, 'audit_calibration': 'none'}   # a JSON audit has no grade scores to shift
         return data
 
     @model_validator(mode='after')
@@ -92,6 +104,10 @@ class VeriragParams(LLMParams):
             raise ValueError(f"the primary scenario {self.scenario} cannot also be secondary ({self.secondary_scenarios})")
         if self.n is not None and self.n_secondary > self.n:
             raise ValueError(f"n_secondary ({self.n_secondary}) cannot exceed n ({self.n}): secondary claims are the first of the headline's")
+        if self.audit_mode == 'scored' and 'score_chat' not in BACKEND_CAPABILITIES[self.backend]:
+            raise ValueError(f"audit_mode=scored scores options after a chat prompt, which backend={self.backend} cannot; use audit_mode=json")
+        if self.audit_calibration != 'none' and self.audit_mode != 'scored':
+            raise ValueError(f"audit_calibration={self.audit_calibration} shifts grade scores, which audit_mode={self.audit_mode} does not give; use audit_calibration=none")
         if self.calibration != 'none' and self.answer_mode != 'scored':   # free-text verdicts carry no option scores to shift
             raise ValueError(f"calibration={self.calibration} shifts option scores, which answer_mode={self.answer_mode} does not give; "
                              f"use answer_mode=scored or calibration=none")
@@ -109,9 +125,9 @@ class VeriragParams(LLMParams):
         return [] if self.secondary_scenarios == 'none' else self.secondary_scenarios.split(',')
 
 PARAMS = VeriragParams
-PROFILES: dict[str, dict] = {'smoke': dict(n=1, n_train=2, n_secondary=1, n_judge=1, claim_sets='covidfact', scenario='TY1', secondary_scenarios='TY0', **SMOKE_LLM),
-                      'default': dict(n=50, n_train=4, n_secondary=17, n_judge=50, secondary_scenarios='none'),
-                      'paper': dict(n=100, n_train=20, n_secondary=100, n_judge=400, secondary_scenarios='TY0,TY1,TY5', answer_mode='free_text', calibration='none', backend='openai', model='gpt-4o')}   # profile -> the values it sets
+PROFILES: dict[str, dict] = {'smoke': dict(n=1, n_train=2, n_secondary=1, n_judge=2, n_degraded=2, claim_sets='scifact,covidfact', scenario='TY1', secondary_scenarios='TY0', **SMOKE_LLM),
+                      'default': dict(n=50, n_train=4, n_secondary=10, n_judge=40, n_degraded=40, secondary_scenarios='none'),
+                      'paper': dict(n=100, n_train=20, n_secondary=100, n_judge=400, n_degraded=100, secondary_scenarios='TY0,TY1,TY5', answer_mode='free_text', audit_mode='json', calibration='none', backend='openai', model='gpt-4o')}   # profile -> the values it sets
 
 # %% ../../nbs/42_verirag_method.ipynb #cf231d64
 SCENARIOS = ('TY0', 'TY1', 'TY3', 'TY5')
@@ -269,10 +285,6 @@ def evidence_chunks(paper: EvidencePaper, claim: str, k: int = 2) -> list[str]:
     keep = sorted(np.argsort(-sim, kind='stable')[:k])
     return [sents[i] for i in keep]
 
-def _clip_words(text: str, n: int) -> str:
-    w = text.split()
-    return ' '.join(w[:n]) + (' ...' if len(w) > n else '')
-
 def evidence_header(case: ClaimCase, paper_ids: Sequence[str]) -> str:
     "The block every snippet-reading prompt starts with: each paper's chunks, numbered [1], [2], ... in evidence order."
     lines = [f'[{i + 1}] ' + ' '.join(evidence_chunks(case.papers[p], case.claim)) for i, p in enumerate(paper_ids)]
@@ -287,8 +299,8 @@ PROBE_CHARS = 160  # a probe is one question; the cap also stops a small model r
 class ClaimFeatures(BaseModel):
     "Prompt 1B: what the threshold and the CIBER / FLARE baselines need to know about a claim."
     model_config = ConfigDict(extra='forbid')
-    specificity: int = Field(ge=1, le=10, description='1 vague ... 10 precise and quantitative')
-    testability: int = Field(ge=1, le=10, description='1 untestable ... 10 directly testable')
+    specificity: float = Field(ge=1, le=10, description='1 vague ... 10 precise and quantitative')
+    testability: float = Field(ge=1, le=10, description='1 untestable ... 10 directly testable')
     required_standard: Literal['Plausible Evidence', 'Robust Study', 'Settled Science']
     agree_probe: str = Field(max_length=PROBE_CHARS, description='a yes/no question that a yes answer would confirm the claim')
     conflict_probe: str = Field(max_length=PROBE_CHARS, description='a yes/no question asking whether the opposite of the claim holds')
@@ -307,17 +319,54 @@ def audit_schema(applicable: Sequence[str], # check ids to grade
 
 STANCE_WORDS: dict[str, str] = {'supports': 'Supports', 'refutes': 'Refutes', 'neutral': 'Neutral'}  # answer word -> stance
 
-def stance_schema(n_papers: int) -> type[BaseModel]:
-    "Free-text stances of a claim's papers: one answer word per paper number."
-    word = Literal[tuple(STANCE_WORDS)]
-    return create_model(f'Stances{n_papers}', __config__=ConfigDict(extra='forbid'),
-                        **{str(i + 1): (word, ...) for i in range(n_papers)})
+class StanceAnswer(BaseModel):
+    "Free-text stance of one paper towards the claim (one prompt per paper)."
+    model_config = ConfigDict(extra='forbid')
+    stance: Literal[tuple(STANCE_WORDS)]
 
 # %% ../../nbs/42_verirag_method.ipynb #0d960420
-PAPER_WORDS = 120   # title + abstract words shown where a prompt reads a whole paper (methods audit, judge, FLARE's full text)
+VERIRAG_SYSTEM = ("You are a careful reviewer of biomedical research. You judge only from the text you are given "
+                  "and answer in exactly the format asked for.")
+
+def with_system(prompt: str | Sequence[dict], # a user prompt or a conversation
+               ) -> list[dict]: # the messages, opening with VERIRAG_SYSTEM (a conversation that has one keeps it)
+    "Every VERIRAG prompt as messages with the chapter's explicit system message."
+    msgs = as_messages(prompt)
+    return msgs if msgs[0]['role'] == 'system' else [{'role': 'system', 'content': VERIRAG_SYSTEM}, *msgs]
+
+# %% ../../nbs/42_verirag_method.ipynb #a9c0e003
+PAPER_WORDS = 120   # title + abstract words where a prompt reads a whole paper (JSON audit, judge, FLARE's full text)
+AUDIT_WORDS = 220   # abstract words the check-by-check audit reads (its prefix is prefilled once for eleven checks)
+MIN_PAPER_WORDS = 60   # a shorter (or untitled) text is a snippet, not a paper: every check NA by rule, no call
+CHECK_LETTERS: dict[str, str] = {'A': 'Pass', 'B': 'Fail', 'C': 'Uncertain', 'D': 'NA'}   # option key -> grade
 
 def _checklist() -> str:
     return '\n'.join(f"{cid} {CHECKS[cid].name}: {CHECKS[cid].question}" for cid in CHECK_IDS)
+
+def _clip_words(text: str, n: int) -> str:
+    w = text.split()
+    return ' '.join(w[:n]) + (' ...' if len(w) > n else '')
+
+def not_a_paper(p: EvidencePaper) -> str:
+    "Why the text is not audited ('' when it is a paper): untitled, or shorter than MIN_PAPER_WORDS words."
+    if not p.title.strip(): return 'untitled snippet'
+    if len(p.text.split()) < MIN_PAPER_WORDS: return f'fewer than {MIN_PAPER_WORDS} words'
+    return ''
+
+METHODS_CHECK_INSTRUCTIONS = (
+    "You audit the methods of a biomedical research report, one check at a time. Grades: "
+    + ', '.join(f"{k}. {g} ({d})" for (k, g), d in zip(CHECK_LETTERS.items(), (
+        'the text shows it was done properly', 'the text shows it was not done or done badly',
+        'the text does not say enough', 'the check does not apply to this kind of study')))
+    + ".\n\n")
+
+def methods_check_messages(p: EvidencePaper, # the paper (title and abstract)
+                           cid: str, # the check, e.g. 'C3'
+                          ) -> list[dict]:
+    "The audit of one check of one paper: instructions and paper first (shared by the paper's eleven checks), the check last."
+    if cid not in CHECKS: raise ValueError(f"unknown check {cid!r}; expected one of {CHECK_IDS}")
+    return with_system(METHODS_CHECK_INSTRUCTIONS + f"Title: {p.title}\nText: {_clip_words(p.text, AUDIT_WORDS)}\n\n"
+                       f"Check {cid} {CHECKS[cid].name}: {CHECKS[cid].question}\nAnswer with one letter (A, B, C or D).")
 
 METHODS_AUDIT_INSTRUCTIONS = (
     "You audit the methods of biomedical research reports against eleven checks. Grade each check Pass (the text shows "
@@ -326,12 +375,59 @@ METHODS_AUDIT_INSTRUCTIONS = (
     f"Checks:\n{_checklist()}\n\n")
 
 def methods_audit_prompt(p: EvidencePaper) -> str:
-    "Prompts 1A and 2 (checks part) for one paper, claim-independent: the checklist first (a prefix shared by every paper)."
-    return (METHODS_AUDIT_INSTRUCTIONS + f"Report {p.paper_id}\nTitle: {p.title or '(none)'}\nText: {_clip_words(p.text, PAPER_WORDS)}\n\n"
+    "The JSON audit (`audit_mode=json`): the eleven grades of one paper in one answer, the checklist first (shared by every paper)."
+    return (METHODS_AUDIT_INSTRUCTIONS + f"Title: {p.title or '(none)'}\nText: {_clip_words(p.text, PAPER_WORDS)}\n\n"
             f"Reply with a JSON object whose key grades holds the eleven grades in order, C1 first and C11 last.")
 
+# %% ../../nbs/42_verirag_method.ipynb #a9c0e006
+STANCE_TEXT: dict[str, str] = {'Supports': 'it supports the claim (it says the claim is true)',
+                               'Refutes': 'it refutes the claim (it says the claim is false)',
+                               'Neutral': 'neutral (it says neither)'}
+
+def stance_options(claim_id: str, paper_id: str) -> dict[str, str]:
+    "Letter -> stance for one (claim, paper): the order Supports, Refutes, Neutral rotated by a hash of the pair."
+    k = int(hashlib.sha256(f'{claim_id}|{paper_id}'.encode()).hexdigest(), 16) % 3
+    order = list(STANCE_TEXT)[k:] + list(STANCE_TEXT)[:k]
+    return dict(zip('ABC', order))
+
+def stance_messages(case: ClaimCase, paper_id: str, free_text: bool) -> list[dict]:
+    "Prompt 2 (stance part) for one paper: the claim, that paper's chunks, the options (lettered and rotated when scored)."
+    p = case.papers[paper_id]
+    head = f"Claim: \"{case.claim}\"\n\nEvidence from one paper:\n{' '.join(evidence_chunks(p, case.claim))}\n\nWhat does this evidence say about the claim?\n"
+    if free_text:
+        return with_system(head + '; '.join(f"{w}: {STANCE_TEXT[s]}" for w, s in STANCE_WORDS.items())
+                           + '.\nReply with a JSON object whose key stance holds supports, refutes or neutral.')
+    opts = stance_options(case.claim_id, paper_id)
+    return with_system(head + ''.join(f"{k}. {STANCE_TEXT[s][0].upper()}{STANCE_TEXT[s][1:]}\n" for k, s in opts.items())
+                       + "Answer with one letter (A, B or C).")
+
+# %% ../../nbs/42_verirag_method.ipynb #a9c0e009
+STANDARD_LETTERS: dict[str, str] = {'A': 'Plausible Evidence', 'B': 'Robust Study', 'C': 'Settled Science'}
+FEATURE_QUESTIONS: dict[str, str] = {
+    'specificity': ("How specific is this claim? 0 means vague (it names no population, quantity or outcome); 9 means "
+                    "precise (it names exact quantities, populations and outcomes). Answer with one digit from 0 to 9."),
+    'testability': ("How directly could a study confirm or refute this claim? 0 means it cannot be tested; 9 means one "
+                    "well-designed study would settle it. Answer with one digit from 0 to 9."),
+    'required_standard': ("What is the least evidence you would need before accepting this claim?\n"
+                          "A. Plausible Evidence (a credible mechanism or a small study)\n"
+                          "B. Robust Study (at least one well-conducted study with a clear result)\n"
+                          "C. Settled Science (consistent findings across many studies or a systematic review)\n"
+                          "Answer with one letter (A, B or C)."),
+}
+PROBES_INSTRUCTION = ("Write three short yes/no questions that test this claim against evidence, one per line, in this form:\n"
+                      "Agree: <a question whose answer yes confirms the claim>\n"
+                      "Conflict: <a question whose answer yes means the opposite of the claim holds>\n"
+                      "Paraphrase: <the claim rephrased as a question>")
+
+def feature_messages(claim: str, # the claim
+                     ask: str, # a key of FEATURE_QUESTIONS, or 'probes'
+                    ) -> list[dict]:
+    "One Prompt 1B question about the claim; the claim first, so a claim's feature prompts share it."
+    if ask != 'probes' and ask not in FEATURE_QUESTIONS: raise ValueError(f"unknown feature {ask!r}; expected {[*FEATURE_QUESTIONS, 'probes']}")
+    return with_system(f"Research claim: \"{claim}\"\n\n" + (PROBES_INSTRUCTION if ask == 'probes' else FEATURE_QUESTIONS[ask]))
+
 def features_prompt(claim: str) -> str:
-    "Prompt 1B (per claim): specificity, testability, the evidence standard it needs, and three probes."
+    "Prompt 1B in one JSON answer (free-text mode): specificity, testability, the evidence standard it needs, and three probes."
     return (f"Rate this research claim: \"{claim}\"\n\nReply with a JSON object: specificity (1-10: how precise; 10 "
             f"names exact quantities, populations and outcomes), testability (1-10: how directly a study could confirm "
             f"or refute it), required_standard (the least evidence you would accept: Plausible Evidence, Robust Study or "
@@ -339,14 +435,38 @@ def features_prompt(claim: str) -> str:
             f"(a short yes/no question asking whether the opposite is true), paraphrase_probe (the claim as a short yes/no "
             f"question in other words).")
 
-def stance_prompt(case: ClaimCase, paper_ids: Sequence[str], free_text: bool) -> str:
-    "Prompt 2 (stance part) for all of a claim's papers at once, after the shared evidence block."
-    ask = ('Reply with a JSON object mapping each snippet number to supports, refutes or neutral.' if free_text
-           else 'One line per snippet, e.g. [1]: supports')
-    return (evidence_header(case, paper_ids) + f"Claim: \"{case.claim}\"\n\nStance of each snippet towards the claim: "
-            f"supports (it says the claim is true), refutes (it says the claim is false) or neutral (it does not say "
-            f"either). {ask}")
+# %% ../../nbs/42_verirag_method.ipynb #a9c0e011
+PROBES = ('agree_probe', 'conflict_probe', 'paraphrase_probe')
+_INTERROGATIVE = re.compile(r"^(is|are|was|were|do|does|did|can|could|will|would|should|has|have|had|may|might|must|"
+                            r"what|which|who|whom|whose|when|where|why|how)\b", re.I)
 
+def is_question(text: str) -> bool:
+    "A probe is a question: ends with '?', opens with an interrogative or auxiliary word, and has at least four words."
+    t = (text or '').strip()
+    return t.endswith('?') and len(t.split()) >= 4 and bool(_INTERROGATIVE.match(t))
+
+def probe_templates(claim: str) -> dict[str, str]:
+    "The three probes built from the claim alone (used for any probe the model did not write as a question)."
+    c = re.sub(r'[\s.;:!?]+$', '', claim.strip())
+    if not c: raise ValueError("an empty claim has no probes")
+    c = c if c[:2].isupper() else c[0].lower() + c[1:]   # keep an acronym's capitals
+    return {'agree_probe': f"Does the evidence show that {c}?",
+            'conflict_probe': f"Does the evidence show that it is false that {c}?",
+            'paraphrase_probe': f"Is it true that {c}?"}
+
+def parse_probes(text: str, # the model's probe lines ('Agree: ...', 'Conflict: ...', 'Paraphrase: ...')
+                 claim: str, # the claim, for the templates
+                ) -> tuple[dict[str, str], dict[str, str]]: # (probe -> question, probe -> 'model' or 'template')
+    "The model's probes where they are questions, else the claim's template questions: every probe a question."
+    found = {}
+    for line in (text or '').splitlines():
+        m = re.match(r'\s*(?:\d+[.)]\s*)?\**\s*(agree|conflict|paraphrase)\w*\s*\**\s*[:\-]\s*(.+)', line, re.I)
+        if m and f'{m.group(1).lower()}_probe' not in found: found[f'{m.group(1).lower()}_probe'] = m.group(2).strip().strip('*').strip()
+    tmpl = probe_templates(claim)
+    out = {p: found[p] if is_question(found.get(p, '')) and len(found[p]) <= PROBE_CHARS else tmpl[p] for p in PROBES}
+    return out, {p: 'model' if out[p] != tmpl[p] else 'template' for p in PROBES}
+
+# %% ../../nbs/42_verirag_method.ipynb #a9c0e013
 SECOND_JUDGE_INSTRUCTIONS = (
     "Act as a statistical referee. Judge only what a study report says about how the study was done, against these "
     f"criteria:\n" + '\n'.join(f"{cid}. {CHECKS[cid].name}: {CHECKS[cid].question}" for cid in CHECK_IDS) + "\n\n")
@@ -361,10 +481,11 @@ def second_judge_prompt(p: EvidencePaper, applicable: Sequence[str]) -> str:
 def _cap(llm: LLM, n: int) -> int: return min(n, llm.defaults.max_tokens)
 
 MAX_REPAIRS = 1   # one follow-up request after an invalid answer (each repair resends the whole conversation)
+UNAUDITED_QUALITY = 0.5   # q_i of a text no check applies to (a snippet, or a paper graded NA throughout): Uncertain's score
 
 def _ask_json(llm: LLM, prompt: str | list[dict], schema: type[BaseModel], **kw):
-    "`chat_structured` with this pipeline's repair budget."
-    return chat_structured(llm, prompt, schema, max_repairs=MAX_REPAIRS, **kw)
+    "`chat_structured` with this pipeline's system message and repair budget."
+    return chat_structured(llm, with_system(prompt), schema, max_repairs=MAX_REPAIRS, **kw)
 
 @dataclass
 class PaperMethods:
@@ -374,38 +495,107 @@ class PaperMethods:
     mask: dict[str, bool] | None = None          # check id -> applicable (graded other than NA)
     verdicts: dict[str, str] | None = None       # applicable check id -> 'Pass' / 'Uncertain' / 'Fail'
     raw: list[str] = field(default_factory=list)
-    calls: list[str] = field(default_factory=list)   # keys of the calls behind it (the answer and any repair)
+    calls: list[str] = field(default_factory=list)   # keys of the calls behind it (the answers and any repair)
+    rule: str = ''                               # why it was not audited (`not_a_paper`); '' when it was
+    grade_logprobs: dict[str, dict[str, float]] | None = None   # scored: check -> grade -> log-probability
 
-def audit_methods(llm: LLM, p: EvidencePaper) -> PaperMethods:
-    "One paper's grades for the eleven checks in one call: the mask and the verdicts of the applicable checks."
+    @property
+    def grades(self) -> dict[str, str] | None:
+        "All eleven grades, NA included (None when unparseable)."
+        return None if self.status != 'ok' else {c: self.verdicts[c] if self.mask[c] else 'NA' for c in CHECK_IDS}
+
+def grade_checks(paper_id: str, # the paper
+                 logprobs: Mapping[str, Mapping[str, float]], # check -> grade -> log-probability
+                 offsets: Mapping[str, Mapping[str, float]] | None = None, # check -> grade -> offset (`audit_offsets`); None: raw
+                 calls: Sequence[str] = (), # keys of the calls behind the log-probabilities
+                ) -> PaperMethods:
+    "The grades of a scored audit: per check the most likely grade, after the offsets if given."
+    grades = []
+    for cid in CHECK_IDS:
+        lp = apply_option_bias(logprobs[cid], offsets[cid]) if offsets else dict(logprobs[cid])
+        grades.append(max(CHECK_GRADES, key=lambda g: (lp[g], -CHECK_GRADES.index(g))))   # ties: checklist grade order
+    verdicts, mask = grades_to_audit(grades)
+    return PaperMethods(paper_id, 'ok', mask, verdicts, calls=list(calls), grade_logprobs={c: dict(v) for c, v in logprobs.items()})
+
+def audit_methods(llm: LLM, p: EvidencePaper,
+                  mode: AuditMode = 'scored', # each check a scored choice, or one JSON answer
+                  offsets: Mapping[str, Mapping[str, float]] | None = None, # scored: per-check grade offsets (None: raw grades)
+                 ) -> PaperMethods:
+    "One paper's grades for the eleven checks: NA by rule for a text that is not a paper (no call), else scored check by check or one JSON answer."
+    if mode not in ('scored', 'json'): raise ValueError(f"audit mode must be scored or json, got {mode!r}")
+    if why := not_a_paper(p): return PaperMethods(p.paper_id, 'ok', {c: False for c in CHECK_IDS}, {}, rule=why)
     with llm.ledger.trace() as calls:
-        r = _ask_json(llm, methods_audit_prompt(p), MethodsAudit, max_tokens=_cap(llm, 96))   # ~40 tokens; room for whitespace
+        if mode == 'scored':   # eleven calls in a row: the paper's prefix is evaluated once
+            lps = {}
+            for cid in CHECK_IDS:
+                a = llm.choose_option(methods_check_messages(p, cid), CHECK_LETTERS, prefix='Answer:')
+                lps[cid] = {CHECK_LETTERS[k]: v for k, v in a.logprobs.items()}
+        else: r = _ask_json(llm, methods_audit_prompt(p), MethodsAudit, max_tokens=_cap(llm, 96))   # ~40 tokens; room for whitespace
+    if mode == 'scored': return grade_checks(p.paper_id, lps, offsets, list(calls))
     if r.status != 'ok': return PaperMethods(p.paper_id, 'unparseable', raw=r.raw, calls=list(calls))
     verdicts, mask = grades_to_audit(r.value.grades)
     return PaperMethods(p.paper_id, 'ok', mask, verdicts, r.raw, list(calls))
 
+CONTENT_FREE_PAPER = EvidencePaper('content-free', 'N/A', 'N/A', 'topical')   # a report that says nothing
+
+def audit_offsets(llm: LLM) -> dict[str, dict[str, float]]:
+    "Per check, offsets that make the four grades equally likely for the content-free report (`content_free_bias`): the model's grade prior, undone."
+    out = {}
+    for cid in CHECK_IDS:
+        a = llm.choose_option(methods_check_messages(CONTENT_FREE_PAPER, cid), CHECK_LETTERS, prefix='Answer:')
+        out[cid] = content_free_bias({CHECK_LETTERS[k]: v for k, v in a.logprobs.items()})
+    return out
+
 # %% ../../nbs/42_verirag_method.ipynb #f49b49e7
-def claim_features_of(llm: LLM, claim: str):
-    "Prompt 1B through the LLM layer: a `StructuredResult` holding `ClaimFeatures`."
-    return _ask_json(llm, features_prompt(claim), ClaimFeatures, max_tokens=_cap(llm, 160))
+def scale_rating(logprobs: Mapping[str, float], # digit '0'...'9' -> log-probability
+                ) -> float: # in [1, 10]
+    "The probability-weighted digit of a 0-9 answer, shifted to the paper's 1-10 scale."
+    if set(logprobs) != set('0123456789'): raise ValueError(f"need the ten digits, got {sorted(logprobs)}")
+    d = np.array([logprobs[str(i)] for i in range(10)])
+    p = np.exp(d - d.max()); p /= p.sum()
+    return float(1 + (p * np.arange(10)).sum())
+
+def claim_features_of(llm: LLM, claim: str, mode: AnswerMode = 'scored',
+                     ) -> tuple[ClaimFeatures | None, dict]: # (features or None if unparseable, detail: probabilities, probe sources, raw)
+    "Prompt 1B: scored ratings and standard plus generated probes (scored), or one JSON answer (free_text); every probe a question."
+    if mode not in ANSWER_MODES: raise ValueError(f"answer mode must be one of {ANSWER_MODES}, got {mode!r}")
+    if mode == 'scored':   # the standard's prior first (cached after the first claim), then four prompts that start with the claim
+        prior = llm.choose_option(feature_messages('N/A', 'required_standard'), STANDARD_LETTERS, prefix='Answer:')
+        digits = {d: d for d in '0123456789'}
+        s = llm.choose_option(feature_messages(claim, 'specificity'), digits, prefix='Answer:')
+        t = llm.choose_option(feature_messages(claim, 'testability'), digits, prefix='Answer:')
+        r = llm.choose_option(feature_messages(claim, 'required_standard'), STANDARD_LETTERS, prefix='Answer:')
+        text = llm.chat(feature_messages(claim, 'probes'), max_tokens=_cap(llm, 96)).text
+        probes, src = parse_probes(text, claim)
+        # model_construct: the ratings lie in [1, 10] by construction, and a template probe may be longer than PROBE_CHARS
+        lp = apply_option_bias(r.logprobs, content_free_bias(prior.logprobs))   # the letter prior of a content-free claim undone
+        letter = max(STANDARD_LETTERS, key=lambda k: (lp[k], -list(STANDARD_LETTERS).index(k)))
+        f = ClaimFeatures.model_construct(specificity=scale_rating(s.logprobs), testability=scale_rating(t.logprobs),
+                                          required_standard=STANDARD_LETTERS[letter], **probes)
+        detail = dict(specificity_digit=s.answer, testability_digit=t.answer, standard_raw=STANDARD_LETTERS[r.answer],
+                      standard_logprobs={STANDARD_LETTERS[k]: v for k, v in r.logprobs.items()}, probe_sources=src, raw=[text])
+        return f, detail
+    r = _ask_json(llm, features_prompt(claim), ClaimFeatures, max_tokens=_cap(llm, 160))
+    if r.status != 'ok': return None, dict(raw=r.raw)
+    probes, src = parse_probes('\n'.join(f"{p.split('_')[0]}: {getattr(r.value, p)}" for p in PROBES), claim)
+    return r.value.model_copy(update=probes), dict(probe_sources=src, raw=r.raw)
 
 # %% ../../nbs/42_verirag_method.ipynb #d853d968
 def paper_stances(llm: LLM, case: ClaimCase, paper_ids: Sequence[str], mode: AnswerMode,
                  ) -> dict[str, ParsedAnswer]: # paper id -> stance ('Supports' / 'Refutes' / 'Neutral') or unparseable
-    "The stances of a claim's papers from one batch prompt: scored line by line, or one parsed JSON object."
+    "The stance of each paper from its own prompt (no other paper, no earlier answer): a scored letter, or one parsed JSON object."
     if mode not in ANSWER_MODES: raise ValueError(f"answer mode must be one of {ANSWER_MODES}, got {mode!r}")
-    if mode == 'scored':
-        prompt, lines, out = stance_prompt(case, paper_ids, free_text=False), [], {}
-        for i, pid in enumerate(paper_ids):
-            a = llm.choose_option(prompt, {w: w for w in STANCE_WORDS}, prefix=''.join(f'{l}\n' for l in lines) + f'[{i + 1}]:')
-            lines.append(f'[{i + 1}]: {a.answer}')
-            out[pid] = a.model_copy(update=dict(answer=STANCE_WORDS[a.answer]))
-        return out
-    r = _ask_json(llm, stance_prompt(case, paper_ids, free_text=True), stance_schema(len(paper_ids)),
-                  max_tokens=_cap(llm, 8 + 8 * len(paper_ids)))
-    if r.status != 'ok': return {pid: ParsedAnswer(status='unparseable', raw=r.raw[-1]) for pid in paper_ids}
-    words = r.value.model_dump()
-    return {pid: ParsedAnswer(status='ok', answer=STANCE_WORDS[words[str(i + 1)]], raw=r.raw[-1]) for i, pid in enumerate(paper_ids)}
+    out = {}
+    for pid in paper_ids:
+        if mode == 'scored':
+            opts = stance_options(case.claim_id, pid)
+            a = llm.choose_option(stance_messages(case, pid, free_text=False), opts, prefix='Answer:')
+            out[pid] = a.model_copy(update=dict(answer=opts[a.answer], logprobs={opts[k]: v for k, v in a.logprobs.items()}))
+            continue
+        r = _ask_json(llm, stance_messages(case, pid, free_text=True), StanceAnswer, max_tokens=_cap(llm, 16))
+        out[pid] = (ParsedAnswer(status='ok', answer=STANCE_WORDS[r.value.stance], raw=r.raw[-1]) if r.status == 'ok'
+                    else ParsedAnswer(status='unparseable', raw=r.raw[-1]))
+    return out
 
 # %% ../../nbs/42_verirag_method.ipynb #8375c74e
 STATEMENT_CHARS = 240   # one or two sentences; the cap (in the grammar) keeps a small model from rambling past max_tokens
@@ -554,7 +744,7 @@ def _decided(valid: bool, answer: ParsedAnswer | None = None, raw: str = '', **d
 # %% ../../nbs/42_verirag_method.ipynb #8801a093
 def run_cot(llm: LLM, case: ClaimCase, ids: Sequence[str], mode: AnswerMode) -> BaselineRun:
     "COT-RAG: relevant statements, then a verdict (Valid iff Supports)."
-    prompt = cot_prompt(case, ids, free_text=mode == 'free_text')
+    prompt = with_system(cot_prompt(case, ids, free_text=mode == 'free_text'))
     if mode == 'free_text':
         r = _ask_json(llm, prompt, CoTVerdict, max_tokens=_cap(llm, 160))
         if r.status != 'ok': return _unparseable('cot', r.raw)
@@ -572,7 +762,7 @@ def run_ciber(llm: LLM, case: ClaimCase, ids: Sequence[str], features: ClaimFeat
     stances = [cot.detail['label'] if cot.detail['label'] in ('Supports', 'Refutes') else 'Neutral']
     answers = {}
     for probe, to_stance in PROBE_STANCE.items():
-        prompt = probe_prompt(case, ids, getattr(features, probe), free_text=mode == 'free_text')
+        prompt = with_system(probe_prompt(case, ids, getattr(features, probe), free_text=mode == 'free_text'))
         if mode == 'free_text':
             r = _ask_json(llm, prompt, ProbeAnswer, max_tokens=_cap(llm, 96))
             if r.status != 'ok': return _unparseable(probe, r.raw)
@@ -593,15 +783,15 @@ def run_selfrag(llm: LLM, case: ClaimCase, ids: Sequence[str], mode: AnswerMode)
     if mode == 'free_text':
         crit = _ask_json(llm, first, selfrag_schema(len(ids)), max_tokens=_cap(llm, 16 + 24 * len(ids)))
         if crit.status != 'ok': return _unparseable('critique', crit.raw)
-        history = [{'role': 'user', 'content': first}, {'role': 'assistant', 'content': crit.raw[-1]},
-                   {'role': 'user', 'content': selfrag_synthesis_prompt(free_text=True)}]
+        history = with_system([{'role': 'user', 'content': first}, {'role': 'assistant', 'content': crit.raw[-1]},
+                               {'role': 'user', 'content': selfrag_synthesis_prompt(free_text=True)}])
         syn = _ask_json(llm, history, SynthesisVerdict, max_tokens=_cap(llm, 24))
         if syn.status != 'ok': return _unparseable('synthesis', syn.raw)
         return _decided(syn.value.verdict == 'Valid', raw=crit.raw[-1], label=syn.value.verdict)
     # the critique lines are the context of the second turn, not labels anyone reads: written freely, never parsed
-    critiques = llm.chat(first, max_tokens=_cap(llm, CRITIQUE_TOKENS * len(ids))).text.strip()
-    history = [{'role': 'user', 'content': first}, {'role': 'assistant', 'content': critiques},
-               {'role': 'user', 'content': selfrag_synthesis_prompt(free_text=False)}]
+    critiques = llm.chat(with_system(first), max_tokens=_cap(llm, CRITIQUE_TOKENS * len(ids))).text.strip()
+    history = with_system([{'role': 'user', 'content': first}, {'role': 'assistant', 'content': critiques},
+                           {'role': 'user', 'content': selfrag_synthesis_prompt(free_text=False)}])
     v = llm.choose_option(history, SYNTHESIS_WORDS, prefix='Verdict:')
     return _decided(v.answer == 'Valid', v, critiques, label=v.answer)
 
@@ -609,7 +799,7 @@ def run_selfrag(llm: LLM, case: ClaimCase, ids: Sequence[str], mode: AnswerMode)
 def run_flare(llm: LLM, case: ClaimCase, ids: Sequence[str], features: ClaimFeatures | None, mode: AnswerMode) -> BaselineRun:
     "FLARE: an initial verdict on snippets; if it asks, a final verdict with one paper's full text (Valid iff Supports)."
     if features is None: return _unparseable('features')
-    first = flare_prompt(case, ids, features.required_standard, free_text=mode == 'free_text')
+    first = with_system(flare_prompt(case, ids, features.required_standard, free_text=mode == 'free_text'))
     verdicts = {k: v for k, v in VERDICT_WORDS.items() if k != 'Unverifiable'}
     if mode == 'free_text':
         a = _ask_json(llm, first, flare_schema(len(ids)), max_tokens=_cap(llm, 48))
@@ -624,7 +814,7 @@ def run_flare(llm: LLM, case: ClaimCase, ids: Sequence[str], features: ClaimFeat
         if len(ids) == 1: number = '1'   # one paper: nothing to choose
         else: number = llm.choose_option(first, {str(i + 1): p for i, p in enumerate(ids)}, prefix=f'{said} yes\nPaper number:').answer
         said = f'{said} yes\nPaper number: {number}'
-    history = [{'role': 'user', 'content': first}, {'role': 'assistant', 'content': said},
+    history = [*first, {'role': 'assistant', 'content': said},
                {'role': 'user', 'content': flare_final_prompt(case.papers[ids[int(number) - 1]], number, free_text=mode == 'free_text')}]
     if mode == 'free_text':
         f = _ask_json(llm, history, FinalVerdict, max_tokens=_cap(llm, 24))
@@ -728,7 +918,8 @@ class CaseAudit:
     records: dict[str, AuditRecord]          # paper id -> its audit for this claim
     mode: str = 'scored'
     feature_calls: list[str] = field(default_factory=list)   # keys of the claim-features call(s)
-    stance_calls: list[str] = field(default_factory=list)    # keys of the stance batch
+    stance_calls: list[str] = field(default_factory=list)    # keys of the stance calls (one per paper)
+    feature_detail: dict = field(default_factory=dict)       # how the features were read (digits, standard log-probs, probe sources)
 
     def calls(self, scenario: str) -> list[str]:
         "Keys of the calls behind VERIRAG's verdict in `scenario`: its papers' methods audits, the features, the stances."
@@ -740,9 +931,9 @@ def audit_claim(llm: LLM, case: ClaimCase,
                 paper_ids: Sequence[str], # the papers to judge (the union of the run's scenarios), in evidence order
                 methods: Mapping[str, PaperMethods], # paper id -> its methods audit (`audit_methods`)
                 mode: AnswerMode = 'scored') -> CaseAudit:
-    "Claim features and the batch stances of `paper_ids`, joined with the papers' methods audits."
+    "Claim features and the stance of each of `paper_ids`, joined with the papers' methods audits."
     with LEDGER.experiment(f'claim features/{case.split}/{case.claim_set}/{mode}'), llm.ledger.trace() as feature_calls:
-        feats = claim_features_of(llm, case.claim)
+        feats, detail = claim_features_of(llm, case.claim, mode)
     with LEDGER.experiment(f'VERIRAG stances/{case.split}/{case.claim_set}/{mode}'), llm.ledger.trace() as stance_calls:
         stances = paper_stances(llm, case, paper_ids, mode)
     records = {}
@@ -751,7 +942,7 @@ def audit_claim(llm: LLM, case: ClaimCase,
         status = 'methods_unparseable' if m.status != 'ok' else 'stance_unparseable' if s.status != 'ok' else 'ok'
         audit = PaperAudit(pid, s.answer, m.mask, m.verdicts, evidence_chunks(case.papers[pid], case.claim)) if status == 'ok' else None
         records[pid] = AuditRecord(pid, status, audit, s, list(m.calls))
-    return CaseAudit(case, feats.value if feats.status == 'ok' else None, records, mode, list(feature_calls), list(stance_calls))
+    return CaseAudit(case, feats, records, mode, list(feature_calls), list(stance_calls), detail)
 
 # %% ../../nbs/42_verirag_method.ipynb #0f8def42
 def audit_status(audits: Sequence[CaseAudit]) -> dict[str, int]:
@@ -787,7 +978,7 @@ def verirag_scores(audits: Sequence[CaseAudit], scenario: str, boldness: Boldnes
             rows.append(row | dict(verdict='Valid' if votes.count('Supports') > votes.count('Refutes') else 'Invalid')); continue
         f = float(boldness.predict(boldness_features(a.features))[0])
         r = score_claim(papers, tau_base(a.features.required_standard, f), len(a.case.scenarios['TY0']), params,
-                        n_ev=len(ids), redundancy=redundancy, dynamic_threshold=dynamic_threshold)
+                        n_ev=len(ids), redundancy=redundancy, dynamic_threshold=dynamic_threshold, unaudited_quality=UNAUDITED_QUALITY)
         rows.append(row | dict(verdict='Valid' if r['valid'] else 'Invalid', hv=r['hv'], tau=r['tau'], margin=r['hv'] - r['tau'],
                                h_s=r['h_s'], h_r=r['h_r'], h_n=r['h_n']))
     cols = ['claim_id', 'verdict', 'hv', 'tau', 'margin', 'h_s', 'h_r', 'h_n', 'n_ev', 'dropped']
@@ -911,48 +1102,152 @@ def claim_items(audit: CaseAudit, # the claim's audit in the items' answer mode
                   supports_mass=r.detail.get('m_s', math.nan), valid_score=valid_score(b, r)) for b, r in runs.items()],
             *[row(name, label) for name, label in CONSTANTS.items()]]
 
+# %% ../../nbs/42_verirag_method.ipynb #a9c0e017
+def grade_profile(m: PaperMethods) -> str:
+    "Judge A's grades of one paper in one word: 'all <grade>' when every applicable check has the same grade, else 'mixed'."
+    if m.status != 'ok': return 'unparseable'
+    v = set(m.verdicts.values())
+    return 'no applicable check' if not v else f'all {v.pop()}' if len(v) == 1 else 'mixed'
+
+def judge_sample(methods: Mapping[str, PaperMethods], # paper id -> judge A's audit, in the run's order (claim order)
+                 source: Mapping[str, str], # paper id -> its source (claim set, 'degraded copy', ...)
+                 n: int, # papers wanted
+                ) -> list[str]:
+    "Up to `n` papers with applicable checks, stratified by (source, grade profile): the first ⌈n/4⌉ of each stratum, the strata taking turns, sources interleaved."
+    if n < 0: raise ValueError(f"n must be >= 0, got {n}")
+    quota, strata = math.ceil(n / 4), {}
+    for pid, m in methods.items():
+        prof = grade_profile(m)
+        if prof in ('unparseable', 'no applicable check'): continue
+        s = strata.setdefault((source[pid], prof), [])
+        if len(s) < quota: s.append(pid)
+    by_source: dict[str, list[list[str]]] = {}
+    for (src, _), s in sorted(strata.items()): by_source.setdefault(src, []).append(s)
+    width = max(map(len, by_source.values()), default=0)
+    # turns: the i-th paper of every stratum, the sources interleaved (a small sample still spans them)
+    turns = [ss[j][i] for i in range(quota) for j in range(width) for ss in by_source.values() if j < len(ss) and i < len(ss[j])]
+    return turns[:n]
+
 # %% ../../nbs/42_verirag_method.ipynb #fc835a4a
 def second_judge(llm: LLM, methods: Mapping[str, PaperMethods], # paper id -> judge A's methods audit
                  papers: Mapping[str, EvidencePaper], # paper id -> the paper (its text)
-                 tag: str = 'judge B') -> tuple[pd.DataFrame, pd.DataFrame, int]:
+                 tag: str = 'judge B',
+                 workers: int = 1, # papers in flight over a server backend (`track_map`); 1: one after the other
+                ) -> tuple[pd.DataFrame, pd.DataFrame, int]:
     "Verdict frames (paper_id, check, verdict) of judge A (the audit) and judge B, and B's unparseable count."
-    a_rows, b_rows, bad = [], [], 0
+    def regrade(pid: str):   # one paper's applicable checks, re-graded (None: a snippet NA by rule, nothing to ask)
+        m = methods[pid]
+        app = [c for c in CHECK_IDS if m.status == 'ok' and m.mask[c]]
+        if not app: return None
+        return app, _ask_json(llm, second_judge_prompt(papers[pid], app), audit_schema(app), max_tokens=_cap(llm, 8 + 7 * len(app)))
     with LEDGER.experiment(tag):
-        for pid in track(list(methods), f'{tag}: re-grading the applicable checks'):
-            m = methods[pid]
-            app = [c for c in CHECK_IDS if m.status == 'ok' and m.mask[c]]
-            if not app: continue
-            r = _ask_json(llm, second_judge_prompt(papers[pid], app), audit_schema(app), max_tokens=_cap(llm, 8 + 7 * len(app)))
-            if r.status != 'ok': bad += 1; continue
-            a_rows += [dict(paper_id=pid, check=c, verdict=m.verdicts[c]) for c in app]
-            b_rows += [dict(paper_id=pid, check=c, verdict=v) for c, v in r.value.model_dump().items()]
+        done = track_map(regrade, list(methods), f'{tag}: re-grading the applicable checks', workers=workers)
+    a_rows, b_rows, bad = [], [], 0
+    for pid, got in zip(methods, done):
+        if got is None: continue
+        app, r = got
+        if r.status != 'ok': bad += 1; continue
+        a_rows += [dict(paper_id=pid, check=c, verdict=methods[pid].verdicts[c]) for c in app]
+        b_rows += [dict(paper_id=pid, check=c, verdict=v) for c, v in r.value.model_dump().items()]
     cols = ['paper_id', 'check', 'verdict']
     return pd.DataFrame(a_rows, columns=cols), pd.DataFrame(b_rows, columns=cols), bad
 
+
 # %% ../../nbs/42_verirag_method.ipynb #4504d588
 def check_pass_rates(methods: Mapping[str, PaperMethods], # paper id -> its methods audit
-                    ) -> pd.DataFrame: # per check: applicable papers, share of audited papers, Pass / Uncertain / Fail %
-    "How often each Veritable check applied and how it was graded, over the distinct audited papers."
-    ok = [m for m in methods.values() if m.status == 'ok']
+                     group_of: Mapping[str, str] | None = None, # paper id -> group (claim set, ...); None: one group 'all'
+                    ) -> pd.DataFrame: # per group and check: applicable papers, share of audited papers, Pass / Uncertain / Fail %
+    "How often each Veritable check applied and how it was graded, over the distinct audited papers (per group)."
     rows = []
-    for cid in CHECK_IDS:
-        grades = [m.verdicts[cid] for m in ok if m.mask[cid]]
-        shares = {f'{v} %': 100 * grades.count(v) / len(grades) if grades else float('nan') for v in VERDICT_SCORE}
-        rows.append(dict(check=cid, name=CHECKS[cid].name, applicable=len(grades),
-                         applicable_pct=100 * len(grades) / len(ok) if ok else float('nan'), **shares))
+    groups: dict[str, list[PaperMethods]] = {}
+    for pid, m in methods.items(): groups.setdefault(group_of[pid] if group_of else 'all', []).append(m)
+    for g, ms in groups.items():
+        ok = [m for m in ms if m.status == 'ok']
+        for cid in CHECK_IDS:
+            grades = [m.verdicts[cid] for m in ok if m.mask[cid]]
+            shares = {f'{v} %': 100 * grades.count(v) / len(grades) if grades else float('nan') for v in VERDICT_SCORE}
+            rows.append(dict(group=g, check=cid, name=CHECKS[cid].name, applicable=len(grades),
+                             applicable_pct=100 * len(grades) / len(ok) if ok else float('nan'), **shares))
     return pd.DataFrame(rows)
+
+def uniform_audits(methods: Mapping[str, PaperMethods], # paper id -> its methods audit
+                  ) -> dict: # audited, uniform, uniform_pct, by_grade ({grade: count}), not_papers, unparseable
+    "How many model-graded papers got one grade on all eleven checks (NA included), by that grade; snippets NA by rule are counted apart."
+    graded = [m for m in methods.values() if m.status == 'ok' and not m.rule]
+    uni = [next(iter(set(m.grades.values()))) for m in graded if len(set(m.grades.values())) == 1]
+    return dict(audited=len(graded), uniform=len(uni), uniform_pct=100 * len(uni) / len(graded) if graded else float('nan'),
+                by_grade={g: uni.count(g) for g in CHECK_GRADES if g in uni},
+                not_papers=sum(bool(m.rule) for m in methods.values()), unparseable=sum(m.status != 'ok' for m in methods.values()))
 
 # %% ../../nbs/42_verirag_method.ipynb #6be4ccf4
 def stance_confusion(audits: Sequence[CaseAudit], # the claims' audits
                      paper_ids: Mapping[str, Sequence[str]] | None = None, # claim id -> papers to count (default: all judged)
-                    ) -> pd.DataFrame: # rows: annotated role, columns: predicted stance (counts)
+                     by_set: bool = False, # rows per (claim set, annotation)
+                    ) -> pd.DataFrame: # rows: annotated role (per claim set), columns: predicted stance (counts)
     "Predicted stance of each (claim, paper) against the paper's annotation: gold Supports / gold Refutes / topical."
     rows = []
     for a in audits:
         for pid in (paper_ids[a.case.claim_id] if paper_ids else a.records):
             p, r = a.case.papers[pid], a.records[pid]
-            rows.append(dict(annotation=f'gold {p.gold_stance}' if p.role == 'gold' else 'topical (no annotation)',
+            rows.append(dict(claim_set=a.case.claim_set, annotation=f'gold {p.gold_stance}' if p.role == 'gold' else 'topical (no annotation)',
                              predicted=r.stance.answer if r.stance.status == 'ok' else 'unparseable'))
     cols = [*STANCE_SIGN, 'unparseable']
-    df = pd.DataFrame(rows, columns=['annotation', 'predicted'])
-    return pd.crosstab(df.annotation, df.predicted).reindex(columns=cols, fill_value=0)
+    df = pd.DataFrame(rows, columns=['claim_set', 'annotation', 'predicted'])
+    index = [df.claim_set, df.annotation] if by_set else df.annotation
+    return pd.crosstab(index, df.predicted).reindex(columns=cols, fill_value=0)
+
+# %% ../../nbs/42_verirag_method.ipynb #a9c0e020
+_PEOPLE = (r"patients|participants|subjects|individuals|people|persons|adults|children|women|men|infants|neonates|"
+           r"volunteers|cases|controls|mice|rats|animals|respondents|students|residents|workers|smokers|eyes|pregnancies")
+DEGRADE_RULES: tuple[tuple[str, str, str], ...] = (   # (edit kind, regular expression, replacement), applied in order
+    ('blinding', r'\b(?:double|single|triple)[- ]blind(?:ed)?,?\s*', ''),
+    ('blinding', r'\b(?:blinded|masked)\s+', ''),
+    ('control', r'\b(?:placebo|sham)[- ]controlled,?\s*', ''),
+    ('control', r'\bcontrolled\s+(?=(?:clinical\s+)?trials?\b)', ''),
+    ('control', r'\bcase[- ]control\b', 'case series'),
+    ('control', r'\bcontrol (group|arm)', r'second \1'),
+    ('randomisation', r'\brandomi[sz]ed,?\s*', ''),
+    ('randomisation', r'\brandomly\s+', ''),
+    ('randomisation', r'\brandomi[sz]ation\b', 'allocation'),
+)
+SELECTIVE_REPORTING = "Only the outcomes that reached statistical significance are reported; the other outcomes that were measured are not shown."
+
+def _shrink(m: re.Match) -> str:
+    n = int(m.group('n').replace(',', ''))
+    return m.group(0) if n < 20 else m.group(0).replace(m.group('n'), str(max(2, n // 10)), 1)
+
+def degrade_methods(text: str, # an abstract
+                    within_words: int = AUDIT_WORDS, # the selective-reporting sentence goes in before this many words
+                   ) -> tuple[str, list[str]]: # (the degraded text, the kinds of edit made, in DEGRADE_RULES order)
+    "The abstract with its methods made worse by deterministic edits: blinding, control and randomisation removed, samples shrunk tenfold, selective reporting added."
+    if not text.strip(): raise ValueError("nothing to degrade: empty text")
+    out, kinds = text, []
+    for kind, pat, rep in DEGRADE_RULES:
+        out, k = re.subn(pat, rep, out, flags=re.I)
+        if k and kind not in kinds: kinds.append(kind)
+    before = re.findall(r'\d[\d,]*', out)
+    out = re.sub(rf"\b(?P<n>\d{{1,3}}(?:,\d{{3}})+|\d+)(?=\s+(?:[\w-]+\s+){{0,2}}?(?:{_PEOPLE})\b)", _shrink, out)
+    out = re.sub(r"\b[nN]\s*=\s*(?P<n>\d{1,3}(?:,\d{3})+|\d+)", _shrink, out)
+    if re.findall(r'\d[\d,]*', out) != before: kinds.append('sample')
+    sents = split_sentences(out) or [out]
+    at, words = 0, 0   # after the last sentence that ends within the words the audit reads (at least after the first)
+    for i, s in enumerate(sents):
+        words += len(s.split())
+        if words > within_words - len(SELECTIVE_REPORTING.split()) and i: break
+        at = i + 1
+    out = ' '.join(sents[:at] + [SELECTIVE_REPORTING] + sents[at:])
+    return out, kinds + ['selective reporting']
+
+# %% ../../nbs/42_verirag_method.ipynb #a9c0e022
+def degrade_pairs(papers: Sequence[EvidencePaper], # candidate abstracts, in the run's claim order (only papers: `not_a_paper` ones are skipped)
+                  n: int, # pairs wanted
+                 ) -> list[tuple[EvidencePaper, EvidencePaper, list[str]]]: # (sound, degraded copy, its edit kinds)
+    "The first `n` abstracts (in the given order) whose methods an edit changes, each with its degraded copy (id '<id>~degraded'); too few: the others fill in."
+    if n < 0: raise ValueError(f"n must be >= 0, got {n}")
+    cand = []
+    for p in papers:
+        if not_a_paper(p): continue
+        text, kinds = degrade_methods(p.text)
+        cand.append((p, EvidencePaper(f'{p.paper_id}~degraded', p.title, text, p.role, p.gold_stance), kinds))
+    # in the given order, so a smaller run (the first claims of each set) gets the first pairs of a larger one
+    return ([c for c in cand if len(c[2]) > 1] + [c for c in cand if len(c[2]) == 1])[:n]

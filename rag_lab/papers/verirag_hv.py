@@ -13,7 +13,7 @@ import pandas as pd
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import Ridge
 from sklearn.metrics.pairwise import cosine_similarity
-from ..metrics import (binary_bootstrap_ci, binary_confusion, binary_metrics, bootstrap_ci, cohen_kappa,
+from ..metrics import (auroc_ci, binary_bootstrap_ci, binary_confusion, binary_metrics, bootstrap_ci, cohen_kappa,
     index_bootstrap_ci, macro_f1_from_confusion, metrics_from_confusion, outcome_codes, paired_binary_bootstrap,
     verdict as interval_verdict)
 
@@ -24,7 +24,7 @@ __all__ = ['CHECKS', 'CHECK_IDS', 'K', 'CheckGrade', 'CHECK_GRADES', 'VERDICT_SC
            'effective_contribution', 'tallies', 'log_odds', 'sigmoid', 'hv_score', 'claim_features', 'BoldnessModel',
            'tau_base', 'tau_auto', 'accept', 'PaperAudit', 'HVParams', 'score_claim', 'calibrate', 'prediction_summary',
            'confusion_table', 'mcc_ranges', 'judge_agreement', 'classification_summary', 'paired_f1_difference',
-           'prevalence_macro_f1']
+           'prevalence_macro_f1', 'sound_vs_degraded']
 
 # %% ../../nbs/41_verirag_hv.ipynb #ea978d34
 @dataclass(frozen=True)
@@ -126,10 +126,12 @@ def paper_redundancy(chunks: Sequence[str], # evidence chunks in evidence order
 # %% ../../nbs/41_verirag_hv.ipynb #52fd20e4
 def effective_contribution(q: float, # paper quality q_i (NaN: no applicable check)
                            w: float = 1.0, # information-gain weight w_i = 1 − ρ_i
-                          ) -> float: # η_i (0 for a paper without quality)
-    "Eq. 2: η_i = q_i · w_i; a paper with no applicable check carries no weight."
+                           unaudited: float = 0.0, # the quality that stands in for NaN (0: such a paper carries no weight)
+                          ) -> float: # η_i
+    "Eq. 2: η_i = q_i · w_i; a paper with no applicable check counts with quality `unaudited` (by default none)."
     if not 0 <= w <= 1: raise ValueError(f"w must lie in [0, 1], got {w}")
-    return 0.0 if math.isnan(q) else float(q * w)
+    if not 0 <= unaudited <= 1: raise ValueError(f"the stand-in quality must lie in [0, 1], got {unaudited}")
+    return float(unaudited * w) if math.isnan(q) else float(q * w)
 
 def tallies(stances: Sequence[str], # per paper: 'Supports', 'Refutes' or 'Neutral'
             etas: Sequence[float], # per paper: η_i
@@ -256,12 +258,13 @@ def score_claim(audits: Sequence[PaperAudit], # the claim's papers in this scena
                 n_ev: int | None = None, # papers in this scenario (default len(audits)); papers whose audit failed count
                 redundancy: bool = True, # False: the "w/o redundancy penalty" ablation (w_i = 1)
                 dynamic_threshold: bool = True, # False: the "w/o τ_auto" ablation (fixed threshold 0.5)
+                unaudited_quality: float = 0.0, # q_i of a paper no check applies to (`effective_contribution`)
                ) -> dict: # H_S, H_R, H_N, HV, tau, n_ev, valid
     "HV, τ_auto and the verdict for one claim in one evidence scenario."
     n_ev = len(audits) if n_ev is None else n_ev
     if n_ev < len(audits): raise ValueError(f"the scenario has {n_ev} papers but {len(audits)} audits were given")
     rho = paper_redundancy([c for a in audits for c in a.chunks], [a.paper_id for a in audits for _ in a.chunks]) if redundancy else {}
-    etas = [effective_contribution(a.quality, 1.0 - rho.get(a.paper_id, 0.0)) for a in audits]
+    etas = [effective_contribution(a.quality, 1.0 - rho.get(a.paper_id, 0.0), unaudited_quality) for a in audits]
     h_s, h_r, h_n = tallies([a.stance for a in audits], etas)
     hv = hv_score(h_s, h_r, h_n, params.alpha, params.lam)
     tau = tau_auto(base, n_ev, n_base, params.c) if dynamic_threshold else 0.5
@@ -380,3 +383,21 @@ def prevalence_macro_f1(y_true: Sequence[bool], y_pred: Sequence[bool], # truth 
     point = f1(np.arange(len(yt)))
     lo, hi, undefined = index_bootstrap_ci(len(yt), f1, n_boot, seed=seed) if not math.isnan(point) else (float('nan'), float('nan'), 0)
     return dict(macro_f1=point, lo=lo, hi=hi, n=len(yt), undefined_resamples=undefined)
+
+# %% ../../nbs/41_verirag_hv.ipynb #5d1f217d
+def sound_vs_degraded(sound: Sequence[float], # the score of each real abstract (e.g. q_i); NaN: not scored
+                      degraded: Sequence[float], # the score of its degraded copy, same order
+                      seed: int = 42, n_boot: int = 2000,
+                     ) -> dict: # n, diff, lo, hi, verdict, higher, equal, lower (shares %), auroc, auroc_lo, auroc_hi
+    "Paired test of a quality score on abstracts and their methods-degraded copies: mean difference with CI, and AUROC for sound."
+    s, d = np.asarray(sound, float), np.asarray(degraded, float)
+    if s.shape != d.shape: raise ValueError(f"{s.size} sound and {d.size} degraded scores: the test needs pairs")
+    keep = ~(np.isnan(s) | np.isnan(d)); s, d = s[keep], d[keep]
+    if not s.size: raise ValueError("no pair has both scores")
+    diff = s - d
+    lo, hi = bootstrap_ci(diff, n_boot=n_boot, seed=seed)
+    pair = np.r_[np.arange(s.size), np.arange(s.size)]
+    a = auroc_ci(np.r_[s, d], np.r_[np.ones(s.size, bool), np.zeros(s.size, bool)], groups=pair, n_boot=n_boot, seed=seed)
+    return dict(n=int(s.size), diff=float(diff.mean()), lo=lo, hi=hi, verdict=interval_verdict(lo, hi, int(s.size)),
+                higher=100 * float((diff > 0).mean()), equal=100 * float((diff == 0).mean()), lower=100 * float((diff < 0).mean()),
+                auroc=a['auroc'], auroc_lo=a['lo'], auroc_hi=a['hi'])
