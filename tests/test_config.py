@@ -68,7 +68,7 @@ def test_old_module_names_are_gone(repo):
 @pytest.mark.parametrize('slug,kw,ok', [
     ('rag2', dict(backend='openai', model='m'), False),                                   # ΔPPL labels score after a chat prompt
     ('pubmed_reasoner', dict(backend='openai', model='m', answer_mode='free_text'), False),  # the answer step always scores
-    ('verirag', dict(backend='openai', model='m'), False), ('verirag', dict(backend='openai', model='m', answer_mode='free_text'), True),
+    ('verirag', dict(backend='openai', model='m'), False), ('verirag', dict(backend='openai', model='m', answer_mode='free_text', audit_mode='json'), True),
     ('reason_verify', dict(backend='openai', model='m'), False), ('reason_verify', dict(backend='openai', model='m', answer_mode='free_text'), True),
     ('rag2', dict(backend='transformers', model='m'), True),
 ])
@@ -78,3 +78,10 @@ def test_a_backend_that_cannot_run_the_chapter_is_refused_when_the_parameters_ar
     if ok: resolve_params(slug, 'default', **kw)
     else:
         with pytest.raises(ValueError, match="backend 'openai' cannot score"): resolve_params(slug, 'default', **kw)
+
+
+def test_verirag_over_an_openai_endpoint_needs_the_json_audit_too():
+    "The scored methods audit also scores after a chat prompt: free-text answers alone are refused, naming the way out."
+    with pytest.raises(ValueError, match="audit_mode=scored .* backend=openai cannot; use audit_mode=json"):
+        resolve_params('verirag', 'default', backend='openai', model='m', answer_mode='free_text')
+    assert resolve_params('verirag', 'default', backend='openai', model='m', answer_mode='free_text', audit_mode='json').audit_calibration == 'none'
