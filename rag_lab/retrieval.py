@@ -4,7 +4,7 @@
 
 # %% ../nbs/05_retrieval.ipynb #efdd1b20
 from __future__ import annotations
-import hashlib, io, json, math, re, time
+import hashlib, io, json, math, re, threading, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -262,6 +262,7 @@ class SentenceTransformerEncoder:
         # the name keys the embedding cache, so it carries the truncation length
         self.name = f"{'all-MiniLM-L6-v2' if model is None else Path(str(model)).name}-L{self.model.max_seq_length}"
         self.batch_size, self.query_prefix, self.doc_prefix = batch_size, query_prefix, doc_prefix
+        self.lock = threading.Lock()   # one encode at a time: the Rust tokenizer fails when two threads share it ("Already borrowed")
         dim = getattr(self.model, 'get_embedding_dimension', None) or self.model.get_sentence_embedding_dimension   # renamed in 5.x
         self.dim = dim()
 
@@ -272,10 +273,11 @@ class SentenceTransformerEncoder:
         texts = [pre + t for t in texts]
         out = np.zeros((len(texts), self.dim), np.float32)
         if not texts: return out
-        lengths = self.model.preprocess(texts)['attention_mask'].sum(1).tolist()   # tokens after truncation
-        for b in equal_length_batches(lengths, self.batch_size):
-            out[b] = self.model.encode([texts[i] for i in b], batch_size=len(b), normalize_embeddings=True,
-                                       convert_to_numpy=True, show_progress_bar=False)
+        with self.lock:
+            lengths = self.model.preprocess(texts)['attention_mask'].sum(1).tolist()   # tokens after truncation
+            for b in equal_length_batches(lengths, self.batch_size):
+                out[b] = self.model.encode([texts[i] for i in b], batch_size=len(b), normalize_embeddings=True,
+                                           convert_to_numpy=True, show_progress_bar=False)
         return out
 
 # %% ../nbs/05_retrieval.ipynb #a1c0f3e2
@@ -318,12 +320,13 @@ class FlagEncoder:
                                    batch_size=batch_size, query_max_length=max_length, passage_max_length=max_length,
                                    pooling_method='cls', normalize_embeddings=True)
         self.dim = self.model.model.config.hidden_size
+        self.lock = threading.Lock()   # one encode at a time (a chapter's items in flight share this model and its tokenizer)
 
     @timed_stage('encoding')
     def encode(self, texts: Sequence[str], is_query: bool = False) -> np.ndarray:
         if not len(texts): return np.zeros((0, self.dim), np.float32)   # FlagModel cannot pad an empty batch
         fn = self.model.encode_queries if is_query else self.model.encode_corpus
-        return np.asarray(fn(list(texts)), dtype=np.float32)
+        with self.lock: return np.asarray(fn(list(texts)), dtype=np.float32)
 
 # %% ../nbs/05_retrieval.ipynb #11fc156f
 def cached_encode(encoder, # anything with `name` and `encode(texts, is_query)`
@@ -502,6 +505,7 @@ class CrossEncoderReranker(Reranker):
         src = checkpoint_source(model, 'cross-encoder')
         self.corpus, self.backend, self.normalize, self.batch_size, self.max_length = corpus, backend, normalize, batch_size, max_length
         self.name = f'cross-encoder {model}'
+        self.lock = threading.Lock()   # one scoring at a time (a chapter's items in flight share this model and its tokenizer)
         limit_torch_threads()
         if backend == 'flag':
             from FlagEmbedding import FlagReranker
@@ -514,11 +518,12 @@ class CrossEncoderReranker(Reranker):
     def score(self, query: str, doc_ids: Sequence[str]) -> np.ndarray:
         pairs = [(query, self.corpus[d].full_text) for d in doc_ids]
         if not pairs: return np.zeros(0)
-        if self.backend == 'flag': s = self.model.compute_score(pairs)
-        else:   # sentence-transformers squashes a one-logit head unless told: the same scale as FlagReranker
-            import torch
-            s = self.model.predict(pairs, batch_size=self.batch_size, show_progress_bar=False,
-                                   activation_fn=torch.nn.Sigmoid() if self.normalize else torch.nn.Identity())
+        with self.lock:
+            if self.backend == 'flag': s = self.model.compute_score(pairs)
+            else:   # sentence-transformers squashes a one-logit head unless told: the same scale as FlagReranker
+                import torch
+                s = self.model.predict(pairs, batch_size=self.batch_size, show_progress_bar=False,
+                                       activation_fn=torch.nn.Sigmoid() if self.normalize else torch.nn.Identity())
         return np.atleast_1d(np.asarray(s, dtype=float))
 
 # %% ../nbs/05_retrieval.ipynb #7b68f85e

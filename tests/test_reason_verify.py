@@ -371,3 +371,145 @@ def test_cost_per_item_is_the_same_on_a_replay_and_refuses_what_it_cannot_divide
     assert cost_per_item(recs.assign(cached=True), 'bioasq/Reason and Verify', n=1) == c
     with pytest.raises(ValueError, match='no call'): cost_per_item(recs, 'bioasq/closed book', n=1)
     with pytest.raises(ValueError, match='at least one item'): cost_per_item(recs, 'bioasq/BM25 RAG', n=0)
+
+
+# --- issue 32: the trigger on the paper's scale, rewrites that cannot help, rationales that reason, a verifier that reads
+from rag_lab.papers.reason_verify import (LETTERS, passage_text, PAPER_TRIGGER_RATES, PASSAGE_BUDGETS, ScoredVerifier, choose_passage_words,
+                                          conclusion_reaches, copies_passages, fit_tau_evid, legend_order, rationale_body,
+                                          rewrite_problem, role_llm, statement_messages)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1)), min_size=1, max_size=60), st.sampled_from(sorted(PAPER_TRIGGER_RATES.values())))
+def test_fit_tau_evid_reaches_the_closest_rate_on_its_grid(pairs, target):
+    ov, ev = map(list, zip(*pairs))
+    f = fit_tau_evid(ov, ev, target)
+    rate = lambda t: np.mean([(o < 0.3) or (e < t) for o, e in pairs])
+    assert f['rate'] == pytest.approx(rate(f['tau_evid']))
+    assert all(abs(rate(t) - target) >= abs(f['rate'] - target) - 1e-12 for t in np.round(np.arange(0, 1.001, 0.01), 6))
+    assert round(f['tau_evid'], 2) == f['tau_evid'] and f['n'] == len(pairs)
+
+
+def test_fitted_threshold_is_the_papers_rate_not_its_scale():
+    rng = np.random.default_rng(0)
+    cos = rng.uniform(0.3, 0.7, 500)   # cosines: a scale on which 0.5 fires for about half the questions
+    assert np.mean(cos < 0.5) > 0.4
+    f = fit_tau_evid(np.ones(500), cos, PAPER_TRIGGER_RATES['bioasq'])
+    assert abs(f['rate'] - 0.08) < 0.02 and f['tau_evid'] < 0.5
+
+
+@pytest.mark.parametrize('rewrite,why', [
+    ('Yes, aspirin lowers myocardial infarction risk', 'states an answer'),
+    ('NO: aspirin does not prevent infarction', 'states an answer'),
+    ('The answer is maybe', 'states an answer'),
+    ('aspirin myocardial infarction risk lower', 'repeats the question'),
+    ('aspirin', 'repeats the question'),
+    ('acetylsalicylic acid aspirin myocardial infarction prevention', None),
+    ('aspirin nonsteroidal anti-inflammatory infarction', None),   # "no" inside a word is no answer
+])
+def test_rewrites_that_state_an_answer_or_repeat_the_question_are_named(rewrite, why):
+    assert rewrite_problem('Does aspirin lower myocardial infarction risk?', rewrite) == why
+
+
+def test_a_rejected_rewrite_keeps_the_original_evidence_and_is_counted(tiny):
+    _, bm25 = tiny
+    q = 'Does aspirin lower myocardial infarction risk?'
+    first = retrieve_evidence(q, bm25, _ConstReranker(0.2), m=1)
+    for rewrite, status in (('Yes, statins lower cholesterol', 'rejected: states an answer'),
+                            ('aspirin infarction risk', 'rejected: repeats the question'),
+                            ('statins cholesterol', 'rewritten')):
+        ev = retrieve_evidence(q, bm25, _ConstReranker(0.2), m=1, rewriter=lambda _: rewrite)
+        assert ev.triggered and ev.rewrite_status == status and ev.candidate == rewrite
+        if status.startswith('rejected'): assert ev.ids == first.ids and ev.rewritten is None
+        else: assert ev.rewritten == rewrite and ev.ids == ['2']
+
+
+def test_the_rationale_label_is_not_a_statement():
+    raw = 'Rationale: Aspirin cut infarctions by a quarter (P1). Bleeding rose slightly (P2).\nFINAL ANSWER: A. yes'
+    stmts = segment_rationale(raw)
+    assert stmts and not any(s.lower().startswith('rationale') for s in stmts)
+    assert Counter(content_words(' '.join(stmts))) == Counter(content_words(rationale_body(raw)))
+    assert rationale_body('Rationale:\n[P1] Aspirin.') == '[P1] Aspirin.'
+
+
+def test_copy_rate_sees_tag_lines_and_verbatim_runs_but_not_own_words():
+    passage = 'In this randomised trial of 400 adults aspirin reduced the incidence of myocardial infarction by 25 percent over five years.'
+    assert copies_passages('[P1] states that aspirin reduced infarction.', [passage])['tag_lines'] == 1
+    assert copies_passages('Rationale:\n  [P2] aspirin reduced infarction.', [passage])['copied']
+    verbatim = 'Rationale: In this randomised trial of 400 adults aspirin reduced the incidence of myocardial infarction (P1).'
+    assert copies_passages(verbatim, [passage])['longest_run'] >= 12 and copies_passages(verbatim, [passage])['copied']
+    own = 'Rationale: Aspirin cut heart attacks by a quarter in a large five-year trial (P1).\nFINAL ANSWER: A. yes'
+    c = copies_passages(own, [passage])
+    assert not c['copied'] and c['tag_lines'] == 0 and c['longest_run'] < 12
+
+
+def test_passage_budget_rule_and_conclusion_reach():
+    sents = [f'Sentence {i} says something about aspirin and bleeding risk here.' for i in range(10)]
+    doc = Document('d', 'title', ' '.join(sents))
+    need = [b for b in (10, 19, 20, 60, 200) if conclusion_reaches(doc, 'aspirin?', b)]
+    assert need == [20, 60, 200]   # the closing two sentences (10 words each) are kept first, whatever the query
+    doc2 = Document('e', 'title', 'Warfarin was given to the controls. Aspirin lowered stroke risk in trials. '
+                                  'Methods were blinded by the sponsor. So the drug is safe to use.')
+    assert doc2.sentences[-1] == 'So the drug is safe to use.'
+    assert passage_text(doc2, 'Does aspirin lower stroke risk?', 14) == 'title. Methods were blinded by the sponsor. So the drug is safe to use.'   # the conclusion first
+    assert passage_text(doc2, 'Does aspirin lower stroke risk?', 20) == ('title. Aspirin lowered stroke risk in trials. Methods were blinded '
+                                                                        'by the sponsor. So the drug is safe to use.')   # then the query's sentence, in document order
+    assert choose_passage_words({b: s for b, s in zip(PASSAGE_BUDGETS, (0.23, 0.39, 0.52, 0.66))}) == 120
+    assert choose_passage_words({160: 0.9, 50: 0.5}) == 50 and choose_passage_words({50: 0.49, 90: 0.3}) == 50   # none reaches half: the cheapest
+    with pytest.raises(ValueError): choose_passage_words({})
+
+
+class _Biased:
+    "A judge with a pure position bias (always the first letter), logging every prompt."
+    model = 'biased'
+    def __init__(self): self.prompts = []
+    def choose_option(self, messages, options, prefix=''):
+        self.prompts.append(messages[1]['content'])
+        return ParsedAnswer(status='ok', answer='A', logprobs={k: -float(j) for j, k in enumerate(options)}, confidence=None)
+
+
+def test_scored_verifier_asks_once_per_statement_with_a_seeded_shuffle():
+    stmts = [f'Statement number {i} about aspirin (P1).' for i in range(6)]
+    task = VerifyTask('Does aspirin prevent MI?', '[P1] Aspirin. It inhibits platelets.', stmts)
+    judge = _Biased()
+    a = ScoredVerifier(judge, seed=1).verify_many([task, VerifyTask('q?', 'e', [])])
+    assert len(judge.prompts) == 6 and a[1] == []   # one call per statement; an empty rationale costs nothing
+    for i, p in enumerate(judge.prompts):
+        legend = [l.split('. ', 1)[1] for l in p.split('Options:\n')[1].split('\nReply')[0].splitlines()]
+        assert sorted(legend) == sorted(CATEGORIES) and f'Classify statement S{i + 1}' in p
+        assert a[0][i] == legend[0]   # the bias picks whatever that call listed first
+    b = ScoredVerifier(_Biased(), seed=2).verify_many([task])
+    assert a[0] != b[0] and ScoredVerifier(_Biased(), seed=1).verify_many([task])[0] == a[0]   # seeded, and seed-dependent
+    assert legend_order([a[0]])['in_legend_order'] == 0   # the bias no longer writes the legend
+    assert len(set(a[0])) > 2   # a position bias spreads over categories instead of one label
+    with pytest.raises(ValueError, match='eight categories'): statement_messages('q', 'e', stmts, 0, list(CATEGORIES)[:-1])
+    assert LETTERS == 'ABCDEFGH'
+
+
+def test_scored_verifier_rotations_cancel_a_position_bias_and_pairs_are_disjoint():
+    task = VerifyTask('Does aspirin prevent MI?', '[P1] Aspirin. It inhibits platelets.', ['Aspirin inhibits platelets (P1).', 'It is cheap.'])
+    judge = _Biased()
+    assert ScoredVerifier(judge, seed=3, rotations=range(8)).verify_many([task]) == [[None, None]]   # a pure position bias: a tie, no label
+    assert len(judge.prompts) == 16   # one call per rotation and statement
+    a, a2 = ScoredVerifier.pair(judge, seed=3, per_verifier=2)
+    assert (a.rotations, a2.rotations) == ((0, 4), (2, 6)) and a.order(task, 1) == a2.order(task, 1)   # same base order
+    for r in range(8): assert a.order(task, 0, r) == a.order(task, 0)[r:] + a.order(task, 0)[:r]
+    with pytest.raises(ValueError, match='distinct'): ScoredVerifier(judge, rotations=())
+    with pytest.raises(ValueError, match='1, 2 or 4'): ScoredVerifier.pair(judge, per_verifier=8)
+
+
+def test_legend_order_counts_only_multi_statement_replies():
+    L = list(CATEGORIES)
+    assert legend_order([L[:2], L[:3], [L[0]], [L[1], L[0]], L[:2] + [L[5]]]) == dict(multi=4, in_legend_order=2, starts_explicit_implicit=3)
+
+
+def test_verifier_protocol_follows_what_the_backend_can_do_and_servers_get_the_base_url():
+    assert ReasonVerifyParams().verifier_protocol == 'scored'
+    assert ReasonVerifyParams(verifier_backend='openai', verifier_model='gpt-4o').verifier_protocol == 'json'
+    with pytest.raises(ValueError, match='verifier A'):
+        ReasonVerifyParams(verifier_backend='openai', verifier_model='gpt-4o', verifier_mode='scored')
+    got = []
+    p = ReasonVerifyParams(base_url='http://localhost:8080/v1')
+    for backend in ('llamaserver', 'openai', 'llamacpp', None):
+        role_llm(p, backend, None, make=lambda params, **kw: got.append((kw['backend'], kw['base_url'])))
+    assert got == [('llamaserver', 'http://localhost:8080/v1'), ('openai', 'http://localhost:8080/v1'), ('llamacpp', None), ('llamacpp', None)]
