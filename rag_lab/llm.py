@@ -24,8 +24,8 @@ from fastcore.basics import patch
 # %% auto #0
 __all__ = ['Messages', 'Source', 'PREFILL_CHUNK', 'BACKENDS', 'OPENAI_OPTIONS', 'LLMError', 'FreshBudgetError', 'as_messages',
            'GenConfig', 'CallResult', 'Generation', 'Score', 'Choice', 'LLM', 'default_threads', 'limit_torch_threads',
-           'GreedyGrammarSampler', 'use_greedy_grammar_sampler', 'LlamaCppLLM', 'verify_records', 'TransformersLLM',
-           'retry_call', 'OpenAILLM', 'LlamaServerLLM', 'get_llm', 'StructuredResult', 'chat_structured']
+           'GreedyGrammarSampler', 'use_greedy_grammar_sampler', 'LlamaCppLLM', 'TransformersLLM', 'retry_call',
+           'OpenAILLM', 'LlamaServerLLM', 'get_llm', 'StructuredResult', 'chat_structured']
 
 # %% ../nbs/04c_llm.ipynb #d27ae200
 class LLMError(RuntimeError):
@@ -531,47 +531,6 @@ def choose_option(self: LLM, prompt: str | Sequence[dict], # the question prompt
     c = self.choose(prompt, [f' {k}' for k in keys], prefix=prefix, cache=cache)
     return ParsedAnswer(status='ok', answer=keys[c.index], logprobs=dict(zip(keys, c.logprobs)), confidence=c.confidence)
 
-# %% ../nbs/04c_llm.ipynb #640c106d
-def _llm_for(request: dict, cache_dir_: Path) -> 'LLM | None':
-    "A backend that can recompute a recorded call on this machine (embedded models only), or None."
-    if request.get('backend') != 'llamacpp': return None
-    name = next((n for n, m in EMBEDDED_MODELS.items() if request.get('model') == f'sha256:{m.sha256}'), None)
-    if name is None: return None
-    return LlamaCppLLM(name, cache=LLMCache(cache_dir_ / 'verify.sqlite', mode='off'), ledger=Ledger(),
-                       records=CallRecords(cache_dir_ / 'no-records'))
-
-def verify_records(sample: int = 20, # records to recompute
-                   seed: int = 0, # which random sample
-                   records: CallRecords | None = None,
-                   llm: LLM | None = None, # recompute through this backend (e.g. a `LlamaServerLLM`) instead of the recorded one
-                   model: str | None = None, # only the records of this model fingerprint (e.g. 'sha256:...' of the GGUF a server serves)
-                  ) -> pd.DataFrame: # one row per recomputed call: kind, agree, largest log-probability difference, seconds now and recorded, note
-    "Recompute a random sample of recorded calls and compare each with its record (`same_result`); time each against its record."
-    records = records if records is not None else call_records()
-    keys = [k for k, r in sorted(records._load().items()) if model is None or r['request'].get('model') == model]
-    picked = random.Random(seed).sample(keys, min(sample, len(keys)))
-    rows, tmp = [], Path(tempfile.mkdtemp(prefix='rag_lab_verify_'))
-    for k in picked:
-        rec = records._load()[k]; req = rec['request']
-        llm_k = llm if llm is not None else _llm_for(req, tmp)
-        if llm_k is None:
-            rows.append(dict(key=k[:12], kind=req['kind'], agree=True, max_abs_diff=float('nan'), seconds=float('nan'),
-                             recorded_seconds=rec['value'].get('seconds'), note='not recomputable here (remote or unknown model)')); continue
-        t0 = time.perf_counter()
-        if req['kind'] == 'chat':
-            cfg = {f: req[f] for f in GenConfig.model_fields if f in req}
-            new = llm_k.chat(req['messages'], **cfg, cache='off').model_dump()
-        elif req['kind'] == 'score': new = llm_k.score(req['context'], req['continuation'], cache='off').model_dump()
-        else: new = llm_k.choose(req['context'], req['options'], prefix=req['prefix'], cache='off').model_dump()
-        old = rec['value']
-        la, lb = new.get('logprobs', []), old.get('logprobs', [])
-        diff = max((abs(a - b) for a, b in zip(la, lb)), default=0.0) if len(la) == len(lb) else float('nan')
-        flipped = req['kind'] == 'choice' and len(la) == len(lb) > 0 and _chosen(la) != _chosen(lb)
-        rows.append(dict(key=k[:12], kind=req['kind'], agree=same_result(req['kind'], new, old), max_abs_diff=diff,
-                         seconds=round(time.perf_counter() - t0, 2), recorded_seconds=old.get('seconds'),
-                         note=f"chooses {new['options'][_chosen(la)]!r}, its record {old['options'][_chosen(lb)]!r}" if flipped else ''))
-    return pd.DataFrame(rows, columns=['key', 'kind', 'agree', 'max_abs_diff', 'seconds', 'recorded_seconds', 'note'])
-
 # %% ../nbs/04c_llm.ipynb #55f60c2a
 @lru_cache(maxsize=2)
 def _load_hf(model: str, gguf_file: str | None, device: str, dtype: str):
@@ -745,13 +704,16 @@ class OpenAILLM(LLM):
         if self.schema_format == 'json_object': return {'type': 'json_object', 'schema': cfg.json_schema}
         return {'type': 'json_schema', 'json_schema': {'name': 'response', 'schema': cfg.json_schema, 'strict': self.strict_schema}}
 
-    def _chat_one(self, msgs: Messages, cfg: GenConfig) -> dict:
+    def _chat_one(self, msgs: Messages, cfg: GenConfig,
+                  extra_body: dict | None = None, # more request fields for the server (e.g. llama-server's `id_slot`)
+                 ) -> dict:
         t0 = time.perf_counter()
         import openai
         extra = {'response_format': rf} if (rf := self._response_format(cfg)) else {}
         def create():
             try: return self.client.chat.completions.create(model=self.model, messages=msgs, temperature=cfg.temperature,
-                                                             max_tokens=cfg.max_tokens, stop=list(cfg.stop) or None, seed=cfg.seed, **extra)
+                                                             max_tokens=cfg.max_tokens, stop=list(cfg.stop) or None, seed=cfg.seed,
+                                                             extra_body=extra_body, **extra)
             except openai.APIStatusError as e:   # a server that reads only the json_object form refuses the default one
                 # (llama-cpp-python's answers 500 naming response_format): a refusal, so not retried
                 if extra and rf['type'] == 'json_schema' and (e.status_code in (400, 422) or 'response_format' in str(e)):
@@ -817,6 +779,13 @@ class LlamaServerLLM(OpenAILLM):
         except ServerError as e: raise LLMError(f"backend 'llamaserver': {e}") from None
         self._kind = self.server.info.kind
         self.fingerprint = f"{base_url}|{model}|{Path(self.server.info.model_path or '?').name}"
+
+    def _chat_one(self, msgs: Messages, cfg: GenConfig, extra_body: dict | None = None) -> dict:
+        "A chat completion in a slot this client holds (`id_slot`): no request of its own ever goes to a busy slot."
+        slot = self.server._take_slot()   # llama-server can wedge a slot given a request while a pinned one waits for it
+        try: return super()._chat_one(msgs, cfg, (extra_body or {}) | ({} if slot is None else {'id_slot': slot}))
+        finally:
+            if slot is not None: self.server.slots.put(slot)
 
     def _srv(self, fn: Callable[[], Any]) -> Any:
         try: return fn()

@@ -87,15 +87,17 @@ MATHJAX_PACKAGE = ('mathjax-3.2.2.tgz', '1b9c0a1c44df864e915690558e72adb9cc52033
 def local_mathjax(extra: Path, # a folder copied to the site's root as is: MathJax goes to <extra>/mathjax/
                  ) -> Path: # the entry script, <extra>/mathjax/tex-chtml-full.js
     "MathJax 3 from the npm registry (`npm pack`, sha256-checked, cached under .cache/site), unpacked into the site."
-    import tarfile, subprocess
+    import os, subprocess, tarfile, tempfile
     from rag_lab.config import cache_dir, file_sha256
     name, sha = MATHJAX_PACKAGE
     tgz = cache_dir('site') / name
-    if not tgz.exists():
-        r = subprocess.run(['npm', 'pack', name.removesuffix('.tgz').replace('mathjax-', 'mathjax@'), '--silent'],
-                           cwd=tgz.parent, capture_output=True, text=True)
-        if r.returncode or not tgz.exists():
-            raise RuntimeError(f"could not fetch MathJax with `npm pack` ({r.stderr.strip()[-300:]}); put {name} into {tgz.parent}")
+    if not tgz.exists():   # packed in a folder of its own, then renamed: a concurrent build never reads a file being written
+        with tempfile.TemporaryDirectory(dir=tgz.parent) as d:
+            r = subprocess.run(['npm', 'pack', name.removesuffix('.tgz').replace('mathjax-', 'mathjax@'), '--silent'],
+                               cwd=d, capture_output=True, text=True)
+            if r.returncode or not (Path(d) / name).exists():
+                raise RuntimeError(f"could not fetch MathJax with `npm pack` ({r.stderr.strip()[-300:]}); put {name} into {tgz.parent}")
+            os.replace(Path(d) / name, tgz)
     if file_sha256(tgz) != sha:
         tgz.unlink(); raise RuntimeError(f"{name} does not have sha256 {sha}: removed, run again to fetch it anew")
     dest = extra / 'mathjax'   # not under _static: Jupyter Book would load every script found there

@@ -708,7 +708,7 @@ def records_command(action: str, sample: int = 20, seed: int = 0,
                    ) -> int:
     "`rag-lab records stats|verify|prune|budget`."
     from rag_lab.calls import LLMCache, call_records, prune_records
-    from rag_lab.llm import verify_records
+    from rag_lab.verify import verify_records
     recs = call_records()
     if action == 'budget':
         path = Path(cache) if cache else None
@@ -772,7 +772,8 @@ def check_server_command(model: str, # the GGUF whose records are recomputed: an
     from contextlib import nullcontext
     from rag_lab.calls import CallRecords, LLMCache, Ledger, call_records
     from rag_lab.config import file_sha256
-    from rag_lab.llm import LLMError, LlamaServerLLM, verify_records
+    from rag_lab.llm import LLMError, LlamaServerLLM
+    from rag_lab.verify import verify_records
     from rag_lab.models import EMBEDDED_MODELS, embedded_model_path
     from rag_lab.server import LlamaServerProcess, ServerError
     if model in EMBEDDED_MODELS: path, fp = embedded_model_path(model), f"sha256:{EMBEDDED_MODELS[model].sha256}"

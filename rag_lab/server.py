@@ -13,8 +13,9 @@ from fastcore.basics import patch
 from .config import repo_root
 
 # %% auto #0
-__all__ = ['ServerKind', 'SERVER_KINDS', 'ServerError', 'server_root', 'ServerInfo', 'probe_server', 'llama_server_binary',
-           'LlamaServerProcess', 'LlamaServer', 'CacheMiss', 'score_plan', 'SlotWatch']
+__all__ = ['ServerKind', 'SERVER_KINDS', 'EVERY_TOKEN', 'ServerError', 'server_root', 'ServerInfo', 'NoAnswer', 'probe_server',
+           'llama_server_binary', 'LlamaServerProcess', 'LlamaServer', 'CacheMiss', 'SlotStalled', 'score_plan',
+           'SlotWatch']
 
 # %% ../nbs/04b1_server.ipynb #e4b4ffec
 class ServerError(RuntimeError):
@@ -49,8 +50,11 @@ class ServerInfo(BaseModel):
     def name(self) -> str: return SERVER_KINDS[self.kind]
 
 # %% ../nbs/04b1_server.ipynb #de17db57
+class NoAnswer(ServerError):
+    "Nothing answered in time (connection failures, timeouts or 5xx answers on every attempt)."
+
 def _retrying(fn, what: str, retries: int, backoff: float):
-    "Call `fn`; retry connection failures, timeouts and 5xx answers with exponential backoff; then one `ServerError`."
+    "Call `fn`; retry connection failures, timeouts and 5xx answers with exponential backoff; then one `NoAnswer`."
     for attempt in range(retries + 1):
         try:
             r = fn()
@@ -58,7 +62,7 @@ def _retrying(fn, what: str, retries: int, backoff: float):
             err = f"HTTP {r.status_code}: {r.text[:200]}"
         except (httpx.TransportError, httpx.TimeoutException) as e: err = f"{type(e).__name__}: {e}"
         if attempt < retries: time.sleep(backoff * 2 ** attempt * (0.5 + random.random()))
-    raise ServerError(f"{what} failed after {retries + 1} attempts; last error: {err}. Check that the server is running "
+    raise NoAnswer(f"{what} failed after {retries + 1} attempts; last error: {err}. Check that the server is running "
                       f"and reachable at that address.")
 
 def probe_server(base_url: str, # the server's OpenAI base URL or root
@@ -161,13 +165,16 @@ class LlamaServer:
         self.http = httpx.Client(base_url=self.info.root, timeout=timeout)
         self.slots: queue.Queue[int] = queue.Queue()   # slot ids free for a scoring call of this client (see `logprobs`)
         for i in range(self.info.slots or 1): self.slots.put(i)
+        self.stalled: set[int] = set()   # slots retired after a pinned request got no answer (see `logprobs`)
         self.fallbacks, self._count = 0, threading.Lock()   # positions scored with a whole-prompt request: the cache did not hold
 
     def post(self, path: str, # e.g. '/tokenize'
              body: dict, # the JSON request
+             retries: int | None = None, # extra attempts (default: the client's `retries`)
             ) -> dict:
         "POST a JSON request and return the JSON answer; a 4xx answer is a `ServerError` with the server's message."
-        r = _retrying(lambda: self.http.post(path, json=body), f"POST {self.info.root}{path}", self.retries, self.backoff)
+        r = _retrying(lambda: self.http.post(path, json=body), f"POST {self.info.root}{path}",
+                      self.retries if retries is None else retries, self.backoff)
         if r.status_code != 200: raise ServerError(f"POST {self.info.root}{path}: HTTP {r.status_code}: {r.text[:300]}")
         return r.json()
 
@@ -191,22 +198,31 @@ class LlamaServer:
 
 # %% ../nbs/04b1_server.ipynb #697f25a4
 _FORCE = 1e4   # a logit bias no other token can overcome: greedy decoding then picks the forced token
+EVERY_TOKEN = 1 << 20   # more alternatives than any vocabulary holds: the server returns the whole distribution
 
 class CacheMiss(ServerError):
     "The server evaluated another number of prompt tokens than the slot's cache should have left it (so its numbers may differ)."
+
+class SlotStalled(CacheMiss):
+    "A request pinned to a slot got no answer in time: the slot may be wedged (llama.cpp can leave a request admitted to a "
+    "slot and never computed while the other slots run), so waiting for that slot again could wait forever."
 
 @patch
 def next_logprob(self: LlamaServer, prompt: list[int], # the prompt's token ids
                   token: int, # the token whose log-probability is wanted
                   slot: int | None = None, # the server slot to compute in (default: the server picks one)
                   reuse: int = 0, # leading prompt tokens the slot's cache holds from this client's previous request (0: prompt caching off)
+                  top: int | None = None, # alternatives to return (default: the client's `top`; `EVERY_TOKEN`: all of them)
                 ) -> tuple[float, dict[int, float]]: # its log-probability, and the top alternatives' (token id -> log-probability)
     "The log-probability of `token` right after `prompt` (forced as the one generated token), and the most likely tokens there."
     if self.info.n_ctx and len(prompt) + 1 > self.info.n_ctx:
         raise ServerError(f"prompt of {len(prompt)} tokens + 1 does not fit the server's context of {self.info.n_ctx} per slot")
-    r = self.post('/completion', dict(prompt=prompt, n_predict=1, n_probs=self.top, post_sampling_probs=False,
-                                      cache_prompt=reuse > 0, temperature=0, logit_bias=[[token, _FORCE]],
-                                      **({} if slot is None else {'id_slot': slot})))
+    body = dict(prompt=prompt, n_predict=1, n_probs=self.top if top is None else top, post_sampling_probs=False, cache_prompt=reuse > 0,
+                temperature=0, logit_bias=[[token, _FORCE]], **({} if slot is None else {'id_slot': slot}))
+    try: r = self.post('/completion', body, retries=None if slot is None else 0)   # a pinned request is tried once
+    except NoAnswer as e:
+        if slot is None: raise
+        raise SlotStalled(f"slot {slot}: {e}") from None
     probs = r.get('completion_probabilities') or []
     if not probs or probs[0].get('id') != token:
         raise ServerError(f"the server did not return the forced token {token} with its log-probability: {str(r)[:300]}")
@@ -231,6 +247,16 @@ def score_plan(n_context: int, # tokens in the shared prompt
     odd = ([(L - 1, 0)] if L > 1 else []) + [(L + 1, max(L - 1, 0))] + [(L + i, L + i - 2) for i in range(3, n_cont, 2)]
     return [even, odd]
 
+# %% ../nbs/04b1_server.ipynb #71566979
+@patch
+def _take_slot(self: LlamaServer) -> int | None:
+    "A slot id from this client's pool, waiting while other calls hold them all; None once every slot is retired."
+    while True:
+        try: return self.slots.get(timeout=1.0)
+        except queue.Empty:
+            with self._count:
+                if len(self.stalled) >= (self.info.slots or 1): return None
+
 # %% ../nbs/04b1_server.ipynb #bd7dbb77
 @patch
 def logprobs(self: LlamaServer, context: list[int], # the shared prompt's token ids
@@ -241,26 +267,35 @@ def logprobs(self: LlamaServer, context: list[int], # the shared prompt's token 
     if any(not c for c in continuations): raise ValueError("a continuation to score has no tokens")
     seen: dict[tuple, dict[int, float]] = {}   # (prefix after the context, evaluated alone?) -> log-probabilities known there
     at = lambda c, i: (tuple(c[:i]), len(c) == 2 and i > 0)   # local evaluates a two-token continuation's first token alone: other numbers
-    L, slot = len(context), self.slots.get()
+    top_at = lambda key: EVERY_TOKEN if key in seen else None   # known there but not the token wanted: ask for every token
+    L, slot = len(context), self._take_slot()
+    def whole(cont, i):   # the old way: the whole prompt evaluated, in a slot the server picks
+        with self._count: self.fallbacks += 1
+        lp, top = self.next_logprob(list(context) + list(cont[:i]), cont[i], top=top_at(at(cont, i)))
+        seen.setdefault(at(cont, i), {}).update(top | {cont[i]: lp})
     try:
         for cont in continuations:
             seq = list(context) + list(cont)
             known = lambda i: cont[i] in seen.get(at(cont, i), {})
             for chain in score_plan(L, len(cont)):
                 wanted = [p - L for p, _ in chain if p >= L and not known(p - L)]
+                if slot is None:   # no slot of this client answers: every position the old way
+                    for i in wanted: whole(cont, i)
+                    continue
                 for k, (p, reuse) in enumerate(chain):
                     if not wanted or p - L > max(wanted): break   # the rest of the chain would tell nothing new
-                    try: lp, top = self.next_logprob(seq[:p], seq[p], slot, reuse)
-                    except CacheMiss:
-                        rest = [q - L for q, _ in chain[k:] if q >= L and not known(q - L)]
-                        with self._count: self.fallbacks += len(rest)
-                        for i in rest:   # the old way: the whole prompt evaluated, in a slot the server picks
-                            lp, top = self.next_logprob(seq[:L + i], cont[i])
-                            seen.setdefault(at(cont, i), {}).update(top | {cont[i]: lp})
+                    n_top = top_at(at(cont, p - L)) if p >= L else None
+                    try: lp, top = self.next_logprob(seq[:p], seq[p], slot, reuse, n_top)
+                    except CacheMiss as e:
+                        if isinstance(e, SlotStalled):   # retired: never handed out again, so no call waits on it
+                            with self._count: self.stalled.add(slot)
+                            slot = None
+                        for i in [q - L for q, _ in chain[k:] if q >= L and not known(q - L)]: whole(cont, i)
                         break
                     if p >= L: seen.setdefault(at(cont, p - L), {}).update(top | {cont[p - L]: lp})
         return [[seen[at(c, i)][c[i]] for i in range(len(c))] for c in continuations]
-    finally: self.slots.put(slot)
+    finally:
+        if slot is not None: self.slots.put(slot)
 
 # %% ../nbs/04b1_server.ipynb #b5098eb9
 class SlotWatch:

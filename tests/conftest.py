@@ -66,12 +66,17 @@ def out_env(tmp_path, monkeypatch) -> Path:
 
 
 
+def records_in(folder: Path) -> list[dict]:
+    "Every call recorded in a records folder (its calls-*.jsonl.gz shards), parsed."
+    import gzip, json
+    return [json.loads(line) for f in sorted(Path(folder).glob('calls-*.jsonl.gz')) for line in gzip.open(f, 'rt') if line.strip()]
+
 def used_records(slug: str, profile: str) -> list[dict]:
     "The committed records a chapter's published run uses (`records/<slug>/<profile>/used.txt.gz`), parsed."
-    import gzip, json
+    import gzip
     folder = REPO / 'records' / slug / profile
     used = set(gzip.decompress((folder / 'used.txt.gz').read_bytes()).decode().split())
-    return [r for f in sorted(folder.glob('calls-*.jsonl.gz')) for line in gzip.open(f, 'rt') if (r := json.loads(line))['key'] in used]
+    return [r for r in records_in(folder) if r['key'] in used]
 
 # A test fixture, not library code: a tiny random Llama checkpoint for the transformers backend (no hub here).
 from pathlib import Path

@@ -19,13 +19,14 @@ BIN = Path(sys.executable).parent
 TIME_DEPENDENT = {'run_meta.json', 'table9.csv', 'table9.md', 'figure6.png', 'figure6.pdf'}
 
 
-def _run_twice(nb: str, tmp_path: Path, params: list[str]) -> tuple[Path, Path]:
+def _run_twice(nb: str, tmp_path: Path, params: list[str], repo: Path = REPO, env: dict | None = None) -> tuple[Path, Path]:
+    "Run notebook `nb` of checkout `repo` with papermill under hash seeds 1 and 2 at once; the two output roots."
     procs, outs = [], []
     for seed in ('1', '2'):
         out = tmp_path / f'hashseed{seed}'
-        env = {k: v for k, v in os.environ.items() if k != 'IN_TEST'} | dict(PYTHONHASHSEED=seed, RAG_LAB_OUT=str(out))
+        kenv = {k: v for k, v in os.environ.items() if k != 'IN_TEST'} | (env or {}) | dict(PYTHONHASHSEED=seed, RAG_LAB_OUT=str(out))
         procs.append(subprocess.Popen([str(BIN / 'papermill'), nb, str(tmp_path / f'executed{seed}.ipynb'), '--no-progress-bar',
-                                       *params], cwd=REPO / 'nbs', env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+                                       *params], cwd=repo / 'nbs', env=kenv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         outs.append(out)
     for p in procs:
         log, _ = p.communicate(timeout=1200)
@@ -49,45 +50,43 @@ def test_claim_aware_outputs_do_not_depend_on_the_hash_seed(tmp_path):
 LLM_SLUGS = tuple(s for s, p in PAPERS.items() if issubclass(p.params, LLMParams))
 
 
+def _clean_clone(tmp_path: Path) -> tuple[Path, dict]:
+    "A fresh clone of this checkout, and the environment that runs its own code with no LLM cache (models shared)."
+    clone = tmp_path / 'clone'
+    subprocess.run(['git', 'clone', '-q', str(REPO), str(clone)], check=True)
+    env = {k: v for k, v in os.environ.items() if k not in ('IN_TEST', 'RAG_LAB_RECORDS', 'RAG_LAB_OUT')} | dict(
+        PYTHONPATH=str(clone), RAG_LAB_LLM_CACHE='off', RAG_LAB_CACHE=os.environ.get('RAG_LAB_CACHE', str(REPO / '.cache')))
+    return clone, env
+
+
+def _recorded_digests(folder: Path) -> dict[str, str]:
+    "The table digests a recording run wrote beside its records (`tables.sha256`: digest, two spaces, file name)."
+    return dict(reversed(l.split('  ', 1)) for l in (folder / 'tables.sha256').read_text().splitlines())
+
+
 @pytest.mark.parametrize('nb,slug', [(PAPERS[s].notebook, s) for s in LLM_SLUGS])
-def test_llm_notebook_replays_from_records_identically_under_two_hash_seeds(nb, slug, tmp_path, monkeypatch):
-    "Smoke runs replayed from the committed records (the local LLM cache switched off, so nothing is read from this "
-    "machine): no call is computed, and every table and figure is the same bytes under two string-hash seeds."
-    if not (REPO / 'records' / slug / 'smoke').exists(): pytest.fail(f"no smoke records for {slug}: run `rag-lab reproduce --profile smoke --record`")
-    monkeypatch.setenv('RAG_LAB_LLM_CACHE', 'off')
-    monkeypatch.delenv('RAG_LAB_RECORDS', raising=False)
-    a, b = _run_twice(nb, tmp_path, ['-p', 'profile', 'smoke'])
+def test_llm_notebook_replays_its_smoke_records_on_a_clean_checkout_identically_under_two_hash_seeds(nb, slug, tmp_path):
+    "A fresh clone (no LLM cache, its own code and records) runs the chapter's smoke profile with papermill under two "
+    "string-hash seeds at once: no call is computed, every table and figure is the same bytes in both runs (wall-time "
+    "lines aside), and the tables are those of the run that made the records (`tables.sha256`). One pair of runs per "
+    "chapter checks the hash seed, the clean checkout and the records."
+    from rag_lab.report import table_digests
+    clone, env = _clean_clone(tmp_path)
+    if not (clone / 'records' / slug / 'smoke' / 'tables.sha256').exists():
+        pytest.fail(f"no committed smoke records for {slug}: run `rag-lab reproduce --profile smoke --only {slug} --record` and commit records/")
+    a, b = _run_twice(nb, tmp_path, ['-p', 'profile', 'smoke'], clone, env)
+    head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=clone, capture_output=True, text=True).stdout
     for out in (a, b):
-        calls = json.loads((out / 'reports' / slug / 'run_meta.json').read_text())['llm_calls']
+        meta = json.loads((out / 'reports' / slug / 'run_meta.json').read_text())
+        calls = meta['llm_calls']
         assert calls['computed'] == 0 and calls['record'] == calls['distinct'] > 0, calls
+        assert meta['git_commit'][:7] == head[:7], (meta['git_commit'], head)   # the clone's own code ran
     files = sorted({p.relative_to(a) for p in a.rglob('*') if p.is_file()} | {p.relative_to(b) for p in b.rglob('*') if p.is_file()})
     assert len(files) > 5, files
     differ = [str(f) for f in files if f.name != 'run_meta.json'
               and (not (a / f).exists() or not (b / f).exists() or without_wall_time(a / f) != without_wall_time(b / f))]
     assert differ == []
-
-
-
-def test_smoke_records_replay_on_a_clean_checkout_to_the_recorded_tables(tmp_path):
-    "A fresh clone (no LLM cache, its own code and records) replays the smoke records of the four LLM notebooks and "
-    "writes tables byte-identical (wall-time lines aside) to those of the run that made the records (`tables.sha256`)."
-    from rag_lab.report import table_digests
-    clone = tmp_path / 'clone'
-    subprocess.run(['git', 'clone', '-q', str(REPO), str(clone)], check=True)
-    missing = [s for s in LLM_SLUGS if not (clone / 'records' / s / 'smoke' / 'tables.sha256').exists()]
-    if missing: pytest.fail(f"no committed tables.sha256 for {missing}: run `rag-lab reproduce --profile smoke --record` and commit records/")
-    env = {k: v for k, v in os.environ.items() if k not in ('IN_TEST', 'RAG_LAB_RECORDS', 'RAG_LAB_OUT')} | dict(
-        PYTHONPATH=str(clone), RAG_LAB_LLM_CACHE='off', RAG_LAB_CACHE=os.environ.get('RAG_LAB_CACHE', str(REPO / '.cache')))
-    out = tmp_path / 'out'
-    p = subprocess.run([str(BIN / 'rag-lab'), 'reproduce', '--profile', 'smoke', '--only', *LLM_SLUGS, '--out', str(out),
-                        '--jobs', '2', '--no-progress'], cwd=clone, env=env, capture_output=True, text=True, timeout=1800)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
-    for slug in LLM_SLUGS:
-        meta = json.loads((out / 'reports' / slug / 'run_meta.json').read_text())
-        assert meta['git_commit'][:7] == subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=clone, capture_output=True, text=True).stdout[:7]
-        assert meta['llm_calls']['computed'] == 0, (slug, meta['llm_calls'])
-        recorded = dict(reversed(l.split('  ', 1)) for l in (clone / 'records' / slug / 'smoke' / 'tables.sha256').read_text().splitlines())
-        assert table_digests(out / 'reports' / slug) == recorded, slug
+    assert table_digests(a / 'reports' / slug) == _recorded_digests(clone / 'records' / slug / 'smoke')
 
 
 # default-profile chapters whose replay takes about a minute (rag2's needs ~20 min of retrieval: left to `make reproduce`)
@@ -98,19 +97,16 @@ QUICK_DEFAULT_REPLAYS = tuple(s for s in LLM_SLUGS if s != 'rag2')
 def test_default_records_replay_on_a_clean_checkout_to_the_published_tables(tmp_path, slug):
     "The published default run of an LLM chapter replays on a fresh clone, computing no call, to its published tables."
     from rag_lab.report import table_digests
-    clone = tmp_path / 'clone'
-    subprocess.run(['git', 'clone', '-q', str(REPO), str(clone)], check=True)
+    clone, env = _clean_clone(tmp_path)
     digests = clone / 'records' / slug / 'default' / 'tables.sha256'
     if not digests.exists(): pytest.fail(f"no committed {digests.relative_to(clone)}: publish with `rag-lab reproduce --only {slug} --record`")
-    env = {k: v for k, v in os.environ.items() if k not in ('IN_TEST', 'RAG_LAB_RECORDS', 'RAG_LAB_OUT')} | dict(
-        PYTHONPATH=str(clone), RAG_LAB_LLM_CACHE='off', RAG_LAB_CACHE=os.environ.get('RAG_LAB_CACHE', str(REPO / '.cache')))
     out = tmp_path / 'out'
     p = subprocess.run([str(BIN / 'rag-lab'), 'reproduce', '--only', slug, '--out', str(out), '--no-progress'],
                        cwd=clone, env=env, capture_output=True, text=True, timeout=1800)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     meta = json.loads((out / 'reports' / slug / 'run_meta.json').read_text())
     assert meta['profile'] == 'default' and meta['llm_calls']['computed'] == 0, meta['llm_calls']
-    recorded = dict(reversed(l.split('  ', 1)) for l in digests.read_text().splitlines())
+    recorded = _recorded_digests(digests.parent)
     assert table_digests(out / 'reports' / slug) == recorded
     assert table_digests(clone / 'reports' / slug) == recorded   # and the committed tables are those of the records
 

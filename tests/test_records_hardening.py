@@ -172,11 +172,11 @@ def test_fresh_mode_counts_a_flipped_choice_as_differing(tmp_path, monkeypatch):
 
 def test_records_verify_flags_a_choice_that_flips(tmp_path, monkeypatch):
     "Before: `rag-lab records verify` (`verify_records`) said this recomputed choice agreed with its record."
-    from rag_lab import llm
+    from rag_lab import verify
     b, key = _choice_record(tmp_path, lambda v: v | dict(logprobs=[-0.2, -0.1]))   # recorded: ' no'; recomputed: ' yes'
-    monkeypatch.setattr(llm, '_llm_for', lambda request, tmp: Scripted(cache=LLMCache(tmp_path / 'v.sqlite', mode='off'),
+    monkeypatch.setattr(verify, '_llm_for', lambda request, tmp: Scripted(cache=LLMCache(tmp_path / 'v.sqlite', mode='off'),
                                                                       records=CallRecords(tmp_path / 'none')))
-    v = llm.verify_records(5, records=CallRecords(tmp_path / 'records'))
+    v = verify.verify_records(5, records=CallRecords(tmp_path / 'records'))
     assert (len(v), bool(v.agree[0]), v.note[0]) == (1, False, "chooses ' yes', its record ' no'")
     assert v.max_abs_diff[0] == pytest.approx(0.1)          # within LOGPROB_TOL: the tolerance alone let it through
 

@@ -21,8 +21,11 @@ if [ "$workers" -gt 1 ] && "$VENV/bin/python" -c 'import xdist' 2>/dev/null; the
   # threads spinning against each other; the user's own setting wins
   export RAG_LAB_LLM_THREADS="${RAG_LAB_LLM_THREADS:-1}"
 fi
+# a test still running after TEST_TIMEOUT seconds fails, named, instead of holding the whole run until CI kills it
+timeout=()
+if "$VENV/bin/python" -c 'import pytest_timeout' 2>/dev/null; then timeout=(--timeout "${TEST_TIMEOUT:-1800}"); fi
 t0=$(date +%s)
-"$VENV/bin/python" -m pytest tests -q -p no:cacheprovider --durations=25 --junitxml="$tmp/junit.xml" "${parallel[@]}" "$@"
+"$VENV/bin/python" -m pytest tests -q -p no:cacheprovider --durations=40 --junitxml="$tmp/junit.xml" "${parallel[@]}" "${timeout[@]}" "$@"
 rc=$?
 echo "pytest took $(( $(date +%s) - t0 )) s in $([ ${#parallel[@]} -gt 0 ] && echo "$workers workers" || echo "one process")"
 "$VENV/bin/python" - "$tmp/junit.xml" <<'PY'
