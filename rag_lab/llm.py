@@ -775,7 +775,8 @@ class LlamaServerLLM(OpenAILLM):
                  **kw): # OpenAILLM's options: timeout, retries, backoff, workers, schema_format, cache, ledger, records
         if not base_url: raise ValueError("backend 'llamaserver' needs base_url, the address of a running llama-server")
         super().__init__(model, base_url=base_url, **kw)
-        try: self.server = LlamaServer(base_url, timeout=self.timeout, retries=self.retries, backoff=self.backoff)
+        try: self.server = LlamaServer(base_url, timeout=self.timeout, retries=self.retries, backoff=self.backoff,
+                                          chunk=PREFILL_CHUNK)
         except ServerError as e: raise LLMError(f"backend 'llamaserver': {e}") from None
         self._kind = self.server.info.kind
         self.fingerprint = f"{base_url}|{model}|{Path(self.server.info.model_path or '?').name}"
@@ -784,8 +785,7 @@ class LlamaServerLLM(OpenAILLM):
         "A chat completion in a slot this client holds (`id_slot`): no request of its own ever goes to a busy slot."
         slot = self.server._take_slot()   # llama-server can wedge a slot given a request while a pinned one waits for it
         try: return super()._chat_one(msgs, cfg, (extra_body or {}) | ({} if slot is None else {'id_slot': slot}))
-        finally:
-            if slot is not None: self.server.slots.put(slot)
+        finally: self.server._give_slot(slot, generated=True)
 
     def _srv(self, fn: Callable[[], Any]) -> Any:
         try: return fn()

@@ -15,7 +15,7 @@ from .config import repo_root
 # %% auto #0
 __all__ = ['ServerKind', 'SERVER_KINDS', 'EVERY_TOKEN', 'ServerError', 'server_root', 'ServerInfo', 'NoAnswer', 'probe_server',
            'llama_server_binary', 'LlamaServerProcess', 'LlamaServer', 'CacheMiss', 'SlotStalled', 'score_plan',
-           'SlotWatch']
+           'shared_prefix', 'SlotWatch']
 
 # %% ../nbs/04b1_server.ipynb #e4b4ffec
 class ServerError(RuntimeError):
@@ -128,7 +128,8 @@ class LlamaServerProcess:
         cmd = [str(llama_server_binary()), '-m', str(self.model_path), '--host', '127.0.0.1', '--port', str(self.port),
                '-t', str(self.threads), '-tb', str(self.threads), '-c', str(self.n_ctx * self.parallel),
                '--parallel', str(self.parallel), '-b', str(self.batch), '-ub', str(self.batch), '-fa', 'off',
-               '--jinja', '--alias', self.alias, '--no-webui']
+               '--jinja', '--alias', self.alias, '--no-webui',
+               '--cache-ram', '0']   # no host-memory prompt cache: a slot holds what this client's requests left there, nothing swapped in
         out = open(self.log, 'w') if self.log else subprocess.DEVNULL
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.time() + self.start_timeout
@@ -155,17 +156,22 @@ class LlamaServer:
                  retries: int = 4, # extra attempts on connection failures, timeouts and 5xx answers
                  backoff: float = 1.0, # first retry wait in seconds
                  top: int = 20, # alternatives returned with each next-token request (options found there need no request of their own)
+                 chunk: int = 64, # the server's prompt batch (`-b`), the local backend's PREFILL_CHUNK: a reused prompt prefix is cut back to a multiple of it
                 ):
         self.info = probe_server(base_url, min(timeout, 10.0), retries, backoff)
         if self.info.kind != 'llama.cpp':
             raise ServerError(f"{base_url} is {self.info.name}, not llama.cpp's llama-server: it cannot return exact "
                               f"log-probabilities of given tokens. Serve the GGUF with llama-server (make llama-server; "
                               f"rag_lab.server.LlamaServerProcess), use backend='llamacpp' locally, or answer_mode='free_text'.")
-        self.retries, self.backoff, self.top = retries, backoff, top
+        self.retries, self.backoff, self.top, self.chunk = retries, backoff, top, chunk
         self.http = httpx.Client(base_url=self.info.root, timeout=timeout)
         self.slots: queue.Queue[int] = queue.Queue()   # slot ids free for a scoring call of this client (see `logprobs`)
         for i in range(self.info.slots or 1): self.slots.put(i)
         self.stalled: set[int] = set()   # slots retired after a pinned request got no answer (see `logprobs`)
+        # slot -> the prompt its cache holds from this client's last scoring request there, and how many of its leading
+        # tokens were evaluated in the chunks a fresh evaluation uses (whole chunks of `chunk`, each after the ones before)
+        self.held: dict[int, tuple[list[int], int]] = {}
+        self.evaluated = 0   # prompt tokens the server evaluated for this client's scoring requests
         self.fallbacks, self._count = 0, threading.Lock()   # positions scored with a whole-prompt request: the cache did not hold
 
     def post(self, path: str, # e.g. '/tokenize'
@@ -219,6 +225,7 @@ def next_logprob(self: LlamaServer, prompt: list[int], # the prompt's token ids
         raise ServerError(f"prompt of {len(prompt)} tokens + 1 does not fit the server's context of {self.info.n_ctx} per slot")
     body = dict(prompt=prompt, n_predict=1, n_probs=self.top if top is None else top, post_sampling_probs=False, cache_prompt=reuse > 0,
                 temperature=0, logit_bias=[[token, _FORCE]], **({} if slot is None else {'id_slot': slot}))
+    before = self.held.pop(slot, None)   # unknown until the answer says what the slot evaluated
     try: r = self.post('/completion', body, retries=None if slot is None else 0)   # a pinned request is tried once
     except NoAnswer as e:
         if slot is None: raise
@@ -231,6 +238,10 @@ def next_logprob(self: LlamaServer, prompt: list[int], # the prompt's token ids
     if n_eval is not None and n_eval != len(prompt) - reuse:
         raise (CacheMiss if reuse else ServerError)(
             f"the server evaluated {n_eval} prompt tokens, not the {len(prompt) - reuse} expected (prompt cache or BOS added?)")
+    with self._count: self.evaluated += n_eval or 0
+    if slot is not None:   # a fresh or chunk-aligned request leaves whole fresh chunks; any other keeps what it reused of them
+        kept, c = (before[1] if before and reuse else 0), self.chunk
+        self.held[slot] = (list(prompt), (len(prompt) // c) * c if reuse % c == 0 and reuse <= kept else min(kept, reuse))
     lp = float(probs[0]['logprob'])
     if lp < -1e30: raise ServerError(f"token {token}'s probability underflows the server's float32 (log-probability below -87)")
     return lp, {int(t['id']): float(t['logprob']) for t in probs[0].get('top_logprobs', [])}
@@ -249,13 +260,58 @@ def score_plan(n_context: int, # tokens in the shared prompt
 
 # %% ../nbs/04b1_server.ipynb #71566979
 @patch
-def _take_slot(self: LlamaServer) -> int | None:
+def _take_slot(self: LlamaServer, prompt: Sequence[int] = (), # the prompt the call starts with: the free slot holding most of it is taken
+              ) -> int | None:
     "A slot id from this client's pool, waiting while other calls hold them all; None once every slot is retired."
+    q = self.slots
     while True:
-        try: return self.slots.get(timeout=1.0)
-        except queue.Empty:
-            with self._count:
-                if len(self.stalled) >= (self.info.slots or 1): return None
+        with q.not_empty:   # the queue's own lock and condition: choose among all the free slots, not only the first
+            if q.queue:
+                best = max(q.queue, key=lambda s: shared_prefix(self.held.get(s, ((), 0))[0], prompt))
+                q.queue.remove(best)
+                return best
+            q.not_empty.wait(1.0)
+        with self._count:
+            if len(self.stalled) >= (self.info.slots or 1): return None
+
+# %% ../nbs/04b1_server.ipynb #f43bde4a
+def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    "How many leading tokens two token sequences share."
+    n = 0
+    for x, y in zip(a, b):
+        if x != y: break
+        n += 1
+    return n
+
+# %% ../nbs/04b1_server.ipynb #a72add12
+@patch
+def _give_slot(self: LlamaServer, slot: int | None, # a slot from `_take_slot` (None: nothing to give back)
+               generated: bool = False, # a generation ran there: its cache holds tokens this client never saw
+              ) -> None:
+    "Back to the pool."
+    if slot is None: return
+    if generated: self.held.pop(slot, None)
+    self.slots.put(slot)
+
+# %% ../nbs/04b1_server.ipynb #e1995329
+@patch
+def _aligned_reuse(self: LlamaServer, slot: int, # a slot this client holds
+                   prompt: list[int], # the next request's prompt
+                  ) -> int: # leading tokens of `prompt` the slot's cache gives it (0: evaluate the whole prompt)
+    "The prefix of `prompt` the slot's cache holds, as far as it was evaluated in a fresh prompt's chunks, cut back to a "
+    "multiple of `chunk`: the rest is then evaluated in the same chunks as a fresh prompt (as the local backend does), so "
+    "the numbers do not depend on the slot's history. Where the cache shares more than that, a one-token request first "
+    "cuts it back (the server reuses the longest shared prefix)."
+    held, fresh = self.held.get(slot) or ((), 0)
+    shared = shared_prefix(held, prompt)
+    cut = (min(shared, fresh, len(prompt) - 1) // self.chunk) * self.chunk
+    if cut == 0: return 0
+    if shared > cut:
+        other = next(t for t in range(3) if t not in (prompt[cut], held[cut]))   # differs from both: shared prefix exactly `cut`
+        try: self.next_logprob(prompt[:cut] + [other], other, slot, reuse=cut, top=1)
+        except SlotStalled: raise
+        except CacheMiss: return 0
+    return cut
 
 # %% ../nbs/04b1_server.ipynb #bd7dbb77
 @patch
@@ -268,7 +324,7 @@ def logprobs(self: LlamaServer, context: list[int], # the shared prompt's token 
     seen: dict[tuple, dict[int, float]] = {}   # (prefix after the context, evaluated alone?) -> log-probabilities known there
     at = lambda c, i: (tuple(c[:i]), len(c) == 2 and i > 0)   # local evaluates a two-token continuation's first token alone: other numbers
     top_at = lambda key: EVERY_TOKEN if key in seen else None   # known there but not the token wanted: ask for every token
-    L, slot = len(context), self._take_slot()
+    L, slot = len(context), self._take_slot(context)
     def whole(cont, i):   # the old way: the whole prompt evaluated, in a slot the server picks
         with self._count: self.fallbacks += 1
         lp, top = self.next_logprob(list(context) + list(cont[:i]), cont[i], top=top_at(at(cont, i)))
@@ -285,7 +341,12 @@ def logprobs(self: LlamaServer, context: list[int], # the shared prompt's token 
                 for k, (p, reuse) in enumerate(chain):
                     if not wanted or p - L > max(wanted): break   # the rest of the chain would tell nothing new
                     n_top = top_at(at(cont, p - L)) if p >= L else None
-                    try: lp, top = self.next_logprob(seq[:p], seq[p], slot, reuse, n_top)
+                    try:
+                        if k == 0: reuse = self._aligned_reuse(slot, seq[:p])   # a chain starts on what the slot holds
+                        try: lp, top = self.next_logprob(seq[:p], seq[p], slot, reuse, n_top)
+                        except CacheMiss as e:   # at a chain's start the slot held something else (another client ran there):
+                            if k or not reuse or isinstance(e, SlotStalled): raise   # start it afresh
+                            lp, top = self.next_logprob(seq[:p], seq[p], slot, 0, n_top)
                     except CacheMiss as e:
                         if isinstance(e, SlotStalled):   # retired: never handed out again, so no call waits on it
                             with self._count: self.stalled.add(slot)
@@ -295,7 +356,7 @@ def logprobs(self: LlamaServer, context: list[int], # the shared prompt's token 
                     if p >= L: seen.setdefault(at(cont, p - L), {}).update(top | {cont[p - L]: lp})
         return [[seen[at(c, i)][c[i]] for i in range(len(c))] for c in continuations]
     finally:
-        if slot is not None: self.slots.put(slot)
+        self._give_slot(slot)
 
 # %% ../nbs/04b1_server.ipynb #b5098eb9
 class SlotWatch:
