@@ -17,7 +17,7 @@ from .parsing import ParsedAnswer, extract_json
 from .models import EMBEDDED_MODELS, ModelError, checkpoint_fingerprint, embedded_model_path, verify_model_file
 from .calls import LEDGER, CacheMode, CallRecord, CallRecords, LLMCache, Ledger, call_records, records_mode, same_result
 from .calls import _chosen, _default_cache, active_recorder
-from .server import LlamaServer, ServerError, probe_server
+from .server import LlamaServer, ServerError, probe_server, shared_prefix
 import numpy as np
 from fastcore.basics import patch
 
@@ -473,8 +473,7 @@ def _eval_prefix(self: LlamaCppLLM, toks: list[int]) -> 'np.ndarray':
     import numpy as np
     ll = self.llama
     if len(toks) >= ll.n_ctx(): raise LLMError(f"context of {len(toks)} tokens does not fit n_ctx {ll.n_ctx()}")
-    ids, common, lim = ll.input_ids, 0, min(ll.n_tokens, len(toks))
-    while common < lim and ids[common] == toks[common]: common += 1
+    common = shared_prefix(ll.input_ids[:ll.n_tokens].tolist(), toks)
     # restart at a chunk boundary, and evaluate the last token again (its logits are needed): every position is
     # then computed in the same chunk as in a fresh evaluation, so the result does not depend on earlier calls
     start = (min(common, len(toks) - 1) // PREFILL_CHUNK) * PREFILL_CHUNK
