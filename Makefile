@@ -5,11 +5,13 @@ PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 PROFILE ?= default
-JOBS ?= 1
 STAMP := $(VENV)/.installed-$(shell sha256sum settings.ini setup.py tools/llama_cmake_args.sh | sha256sum | cut -c1-16)
 NODEPS = $(shell sed -n 's/^nodeps_requirements *= *//p' settings.ini)
 LLAMA_REQ = $(shell grep -o 'llama-cpp-python[^ ]*' settings.ini)
 CORES := $(shell nproc 2>/dev/null || echo 2)
+# notebooks `make reproduce` runs at a time: one per core, each with one compute thread (two 1-thread lanes use 2 cores
+# best; JOBS=1 for one notebook at a time on every core)
+JOBS ?= $(CORES)
 # what the binding's build leaves out: libmtmd (multimodal/llava, which the project never loads; -DLLAVA_BUILD=OFF
 # drops 51 of its 178 compile units) and llama.cpp's tests, examples, tools, server and app (off already when
 # llama.cpp is built as the binding's subproject, stated so that no default can turn them on). Every compile
@@ -55,7 +57,8 @@ lessons: install llama-server
 test: install llama-server
 	bash tools/run_tests.sh
 
-## llama.cpp's own server, built once from the pinned llama-cpp-python sdist's sources into .cache/llama-server/
+## llama.cpp's own server, built once from the pinned llama-cpp-python sdist's sources into .cache/llama-server/, linked
+## against the binding's compiled libllama and ggml (only the server, its common library and libmtmd are compiled)
 ## (the llamaserver backend's tests and lessons serve the smoke model with it; LLAMA_JOBS=1 for one core)
 llama-server: install
 	bash tools/build_llama_server.sh $(or $(LLAMA_JOBS),$(CORES))
@@ -72,7 +75,7 @@ bench: install llama-server
 ## cache: reports/bench/fresh.json and fresh.md (PROFILE=smoke ONLY=claim_aware to see it work in minutes)
 bench-fresh:
 	@fresh=$$(test -e $(STAMP) && echo no || echo yes); t0=$$(date +%s); $(MAKE) --no-print-directory install && \
-	  $(if $(DATA_MIRROR),RAG_LAB_DATA=$(DATA_MIRROR)) $(BIN)/python -m rag_lab.bench fresh --profile $(PROFILE) \
+	  $(if $(DATA_MIRROR),RAG_LAB_DATA=$(DATA_MIRROR)) $(BIN)/python -m rag_lab.bench fresh --profile $(PROFILE) --jobs $(JOBS) \
 	    $(if $(ONLY),--only $(ONLY)) --install-seconds $$(( $$(date +%s) - t0 )) \
 	    --install-note "$$( [ $$fresh = yes ] && echo 'make install into a new environment' || echo 'not measured: the environment was installed already')"
 

@@ -221,20 +221,28 @@ def fresh_result(install: float, # seconds of `make install` (0 when it had noth
                  data: float, # seconds of the data checks
                  run: float, # wall seconds of the chapters' run (`rag-lab reproduce`)
                  logged: dict[str, float], # `stage_seconds` of that run's stage log
+                 jobs: int = 1, # notebooks the run ran at a time (`rag-lab reproduce --jobs`)
+                 chapter_seconds: dict[str, float] | None = None, # each chapter's wall seconds (its run_meta.json); needed when jobs > 1
                  **info, # what else to record: profile, chapters run, install note...
                 ) -> dict: # the benchmark record `check_fresh` accepts
-    "Per-stage seconds of a fresh run (replay = the chapters' wall time less what was logged inside it), machine and total."
+    "Per-stage seconds of a fresh run (replay = the chapters' time less what was logged inside it), machine, wall and total."
+    if jobs > 1 and not chapter_seconds: raise ValueError("a run of several lanes needs each chapter's seconds")
+    # the chapters' time: the run's wall in one lane; in several, the lanes' seconds (each chapter's wall, summed), the
+    # time the logged stages are summed over too
+    lanes = sum(chapter_seconds.values()) if jobs > 1 else run
     inside = {k: round(logged.get(k, 0.0), 2) for k in LOGGED_STAGES}
     stages = dict(install=round(install, 2), data=round(data, 2), **inside,
-                  replay=round(run - sum(inside.values()), 2))
+                  replay=round(lanes - sum(inside.values()), 2))
     stages = {k: stages[k] for k in FRESH_STAGES}
-    return dict(cpu=cpu_model(), cores=os.cpu_count(), load_average=[round(x, 2) for x in os.getloadavg()],
-                stages=stages, total_seconds=round(sum(stages.values()), 2), **info)
+    return dict(cpu=cpu_model(), cores=os.cpu_count(), load_average=[round(x, 2) for x in os.getloadavg()], jobs=jobs,
+                stages=stages, run_seconds=round(run, 2), lane_seconds=round(sum(stages.values()) - stages['install'] - stages['data'], 2),
+                total_seconds=round(stages['install'] + stages['data'] + round(run, 2), 2),
+                **({'chapter_seconds': {k: round(v, 2) for k, v in chapter_seconds.items()}} if chapter_seconds else {}), **info)
 
 # %% ../nbs/09_bench.ipynb #f7a1b2c4
 def check_fresh(r: dict, # a benchmark record (`fresh_result`, or `reports/bench/fresh.json` read back)
                ) -> dict: # `r`, when it is valid
-    "Refuse a benchmark record without the six stages in order, with a negative or non-numeric time, or whose total is not their sum."
+    "Refuse a benchmark record without the six stages in order, with a negative or non-numeric time, or whose totals do not add up."
     missing = [k for k in ('cpu', 'cores', 'stages', 'total_seconds') if k not in r]
     if missing: raise ValueError(f"benchmark record lacks {missing}")
     if not isinstance(r['cpu'], str) or not r['cpu']: raise ValueError(f"cpu must name the CPU model, got {r['cpu']!r}")
@@ -243,8 +251,20 @@ def check_fresh(r: dict, # a benchmark record (`fresh_result`, or `reports/bench
     if not isinstance(st, dict) or list(st) != list(FRESH_STAGES): raise ValueError(f"stages must be {FRESH_STAGES} in that order, got {list(st) if isinstance(st, dict) else st!r}")
     bad = {k: v for k, v in st.items() if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0}
     if bad: raise ValueError(f"stage seconds must be finite numbers >= 0: {bad}")
-    if not math.isclose(r['total_seconds'], sum(st.values()), abs_tol=0.011):
+    jobs = r.get('jobs', 1)   # records written before lanes were measured ran one notebook at a time
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1: raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
+    close = lambda a, b: math.isclose(a, b, abs_tol=0.011)
+    fixed = st['install'] + st['data']
+    run = r.get('run_seconds', r['total_seconds'] - fixed)
+    lanes = r.get('lane_seconds', run)
+    if jobs == 1 and not close(r['total_seconds'], sum(st.values())):   # one lane: the stages are the wall time
         raise ValueError(f"total_seconds {r['total_seconds']} is not the sum of the stages ({sum(st.values()):.2f})")
+    if not close(r['total_seconds'], fixed + run):
+        raise ValueError(f"total_seconds {r['total_seconds']} is not install + data + the run's wall ({fixed + run:.2f})")
+    if not close(sum(st.values()), fixed + lanes):
+        raise ValueError(f"the stages ({sum(st.values()):.2f} s) are not install + data + the lanes' seconds ({fixed + lanes:.2f})")
+    if jobs > 1 and not close(lanes, sum(r.get('chapter_seconds', {}).values())):
+        raise ValueError(f"lane_seconds {lanes} is not the sum of the chapters' seconds")
     return r
 
 # %% ../nbs/09_bench.ipynb #f7a1b2c7
@@ -266,26 +286,39 @@ def bench_fresh(profile: str = 'default', # the profile `make reproduce` runs
                 out: str | Path | None = None, # output root of reports/bench/ (default: the repository; the chapters' outputs are discarded)
                 install_seconds: float = 0.0, # the seconds `make install` took (the Makefile measures it)
                 install_note: str = 'not measured: the environment was installed already',
+                jobs: int = 1, # notebooks at a time, as `make reproduce JOBS=N` runs them
                ) -> Path: # the written `reports/bench/fresh.json`
     "Time a fresh `make reproduce` stage by stage on a fresh cache; write `fresh.json` and `fresh.md` under `reports/bench/`."
     import subprocess, sys
     from rag_lab.data import verify_all
+    from rag_lab.config import repo_root
+    from rag_lab.report import table_digests
     t = time.perf_counter(); checked = verify_all(); data_s = time.perf_counter() - t
     if not checked.ok.all(): raise RuntimeError(f"data files fail their checks:\n{checked[~checked.ok]}")
     with tempfile.TemporaryDirectory() as d:
         env = {k: v for k, v in os.environ.items() if k not in ('RAG_LAB_OUT', 'IN_TEST')} | dict(
             RAG_LAB_CACHE=str(fresh_cache(Path(d) / 'cache')), RAG_LAB_LLM_CACHE='off', RAG_LAB_STAGE_LOG=f'{d}/stages.jsonl')
         cmd = [str(Path(sys.executable).parent / 'rag-lab'), 'reproduce', '--profile', profile, '--out', f'{d}/run',
-               '--jobs', '1', '--no-progress', *(['--only', *only] if only else [])]
+               '--jobs', str(jobs), '--no-progress', *(['--only', *only] if only else [])]
         t = time.perf_counter(); p = subprocess.run(cmd, env=env); chapters_s = time.perf_counter() - t
         if p.returncode: raise RuntimeError(f"`{' '.join(cmd)}` failed (exit {p.returncode})")
-        r = check_fresh(fresh_result(install_seconds, data_s, chapters_s, stage_seconds(f'{d}/stages.jsonl'), profile=profile,
-                                     chapters=list(only) or 'all', install_note=install_note, data_files=len(checked)))
+        reports = sorted(Path(d, 'run', 'reports').glob('*/run_meta.json'))
+        walls = {m.parent.name: json.loads(m.read_text())['wall_seconds'] for m in reports}
+        # the main job's profile: are the tables this fresh run wrote the committed ones (wall-time lines aside)?
+        published = {s: table_digests(Path(d, 'run', 'reports', s)) == table_digests(repo_root() / 'reports' / s)
+                     for s in walls if profile == 'default' and (repo_root() / 'reports' / s / 'run_meta.json').exists()}
+        r = check_fresh(fresh_result(install_seconds, data_s, chapters_s, stage_seconds(f'{d}/stages.jsonl'), jobs, walls,
+                                     profile=profile, chapters=list(only) or 'all', install_note=install_note,
+                                     data_files=len(checked), tables_as_published=published))
     bench = out_root(out) / 'reports' / 'bench'
-    md = (f"# A fresh `make reproduce`, stage by stage\n\nprofile `{profile}`, chapters: {r['chapters']}; {r['cpu']}, "
-          f"{r['cores']} cores, load average at the end {r['load_average'][0]}; install: {install_note}.\n\n"
+    lanes = (f" The in-chapter stages are summed over the {jobs} lanes ({r['lane_seconds']:.1f} lane-seconds); the run "
+             f"itself took {r['run_seconds']:.1f} s wall, which the total counts." if jobs > 1 else '')
+    same = (' Tables as published: ' + ', '.join(f"{s} {'yes' if ok else 'NO'}" for s, ok in published.items()) + '.' if published else '')
+    md = (f"# A fresh `make reproduce`, stage by stage\n\nprofile `{profile}`, chapters: {r['chapters']}, {jobs} at a time; "
+          f"{r['cpu']}, {r['cores']} cores, load average at the end {r['load_average'][0]}; install: {install_note}.{lanes}{same}\n\n"
           "| stage | seconds |\n|---|---|\n" + ''.join(f"| {k} | {v:.1f} |\n" for k, v in r['stages'].items())
-          + f"| **total** | **{r['total_seconds']:.1f}** |\n")
+          + f"| **total (wall)** | **{r['total_seconds']:.1f}** |\n\n| chapter | wall seconds |\n|---|---|\n"
+          + ''.join(f"| {s} | {v:.1f} |\n" for s, v in walls.items()))
     atomic_write_text(bench / 'fresh.md', md)
     return atomic_write_text(bench / 'fresh.json', json.dumps(r, indent=1))
 
@@ -363,8 +396,10 @@ def cli(argv: Sequence[str] | None = None, # the arguments (default: sys.argv[1:
     ap.add_argument('--profile', default='default'); ap.add_argument('--only', nargs='+', default=[])
     ap.add_argument('--out'); ap.add_argument('--install-seconds', type=float, default=0.0)
     ap.add_argument('--install-note', default='not measured: the environment was installed already')
+    ap.add_argument('--jobs', type=int, default=1)
     a = ap.parse_args(argv[1:])
-    path = bench_fresh(a.profile, a.only, a.out, a.install_seconds, a.install_note)
+    if a.jobs < 1: ap.error(f'--jobs must be at least 1, got {a.jobs}')
+    path = bench_fresh(a.profile, a.only, a.out, a.install_seconds, a.install_note, a.jobs)
     print(path.with_suffix('.md').read_text()); print(f"written: {path}")
     return path
 

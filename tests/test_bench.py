@@ -41,6 +41,20 @@ def test_the_chapters_cannot_log_more_time_than_they_took():
         check_fresh(fresh_result(install=0, data=1, run=10, logged=dict(encoding=8, training=3, report=0)))
 
 
+def test_two_lanes_sum_the_stages_over_the_lanes_and_total_the_wall():
+    "With two notebooks at a time the in-chapter stages add up to the chapters' seconds summed, the total to the run's wall."
+    walls = dict(rag2=600.0, reason_verify=300.0, verirag=100.0)
+    r = check_fresh(_record(jobs=2, chapter_seconds=walls))
+    assert r['lane_seconds'] == pytest.approx(1000.0) and r['run_seconds'] == pytest.approx(700.0)
+    assert r['stages']['replay'] == pytest.approx(1000.0 - 240.5 - 61.25 - 12.0)
+    assert r['total_seconds'] == pytest.approx(312.4 + 3.2 + 700.0) and r['total_seconds'] < sum(r['stages'].values())
+    assert check_fresh(json.loads(json.dumps(r))) == r
+    for edit, message in [(dict(total_seconds=r['total_seconds'] + 5), "run's wall"), (dict(lane_seconds=900.0), "lanes"),
+                          (dict(chapter_seconds=walls | dict(rag2=500.0)), "chapters' seconds"), (dict(jobs=0), 'jobs')]:
+        with pytest.raises(ValueError, match=message): check_fresh(r | edit)
+    with pytest.raises(ValueError, match='each chapter'): _record(jobs=2)
+
+
 def test_stage_log_sums_per_stage_and_refuses_an_unknown_stage(tmp_path):
     log = tmp_path / 'stages.jsonl'
     log.write_text(''.join(json.dumps(d) + '\n' for d in [dict(stage='encoding', seconds=1.5, what='a'),

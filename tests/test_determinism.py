@@ -19,30 +19,37 @@ BIN = Path(sys.executable).parent
 TIME_DEPENDENT = {'run_meta.json', 'table9.csv', 'table9.md', 'figure6.png', 'figure6.pdf'}
 
 
-def _run_twice(nb: str, tmp_path: Path, params: list[str], repo: Path = REPO, env: dict | None = None) -> tuple[Path, Path]:
-    "Run notebook `nb` of checkout `repo` with papermill under hash seeds 1 and 2 at once; the two output roots."
+def _run_twice(nb: str, tmp_path: Path, repo: Path = REPO, env: dict | None = None) -> tuple[Path, Path]:
+    "Run chapter `nb` of checkout `repo` in the smoke profile twice at once, under string-hash seeds 1 and 2: with papermill "
+    "(`-p profile smoke`) and under nbdev_test (the smoke profile through IN_TEST, as `make test` runs every notebook), so "
+    "one pair of runs also stands for the chapter's nbdev_test (tests/test_notebooks.py leaves it to this file). The two output roots."
+    runs = {'1': [str(BIN / 'papermill'), nb, str(tmp_path / 'executed1.ipynb'), '--no-progress-bar', '-p', 'profile', 'smoke'],
+            '2': [str(BIN / 'nbdev_test'), '--path', str(repo / 'nbs' / nb), '--do_print']}
     procs, outs = [], []
-    for seed in ('1', '2'):
+    for seed, cmd in runs.items():
         out = tmp_path / f'hashseed{seed}'
         kenv = {k: v for k, v in os.environ.items() if k != 'IN_TEST'} | (env or {}) | dict(PYTHONHASHSEED=seed, RAG_LAB_OUT=str(out))
-        procs.append(subprocess.Popen([str(BIN / 'papermill'), nb, str(tmp_path / f'executed{seed}.ipynb'), '--no-progress-bar',
-                                       *params], cwd=repo / 'nbs', env=kenv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(subprocess.Popen(cmd, cwd=repo / 'nbs' if seed == '1' else repo, env=kenv,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         outs.append(out)
-    for p in procs:
+    for p, (seed, cmd) in zip(procs, runs.items()):
         log, _ = p.communicate(timeout=1200)
-        assert p.returncode == 0, log[-3000:]
+        assert p.returncode == 0, f"{Path(cmd[0]).name} {nb} (PYTHONHASHSEED={seed}) failed:\n{log[-3000:]}"
     return outs[0], outs[1]
 
 
-def _differences(a: Path, b: Path) -> list[str]:
+def _differences(a: Path, b: Path, # two output roots
+                 least: int = 10, # fewer files than this: the runs wrote too little to compare
+                ) -> list[str]: # files written by one run only, or whose bytes differ (wall-time lines aside)
+    "The output files on which two runs disagree; files that measure time rather than results are left out."
     files = sorted({p.relative_to(a) for p in a.rglob('*') if p.is_file()} | {p.relative_to(b) for p in b.rglob('*') if p.is_file()})
-    assert len(files) > 10, files
+    assert len(files) > least, files
     return [str(f) for f in files if f.name not in TIME_DEPENDENT
-            and (not (a / f).exists() or not (b / f).exists() or (a / f).read_bytes() != (b / f).read_bytes())]
+            and (not (a / f).exists() or not (b / f).exists() or without_wall_time(a / f) != without_wall_time(b / f))]
 
 
 def test_claim_aware_outputs_do_not_depend_on_the_hash_seed(tmp_path):
-    a, b = _run_twice('20_claim_aware.ipynb', tmp_path, ['-p', 'profile', 'smoke'])
+    a, b = _run_twice('20_claim_aware.ipynb', tmp_path)
     assert _differences(a, b) == []
 
 
@@ -74,19 +81,19 @@ def test_llm_notebook_replays_its_smoke_records_on_a_clean_checkout_identically_
     clone, env = _clean_clone(tmp_path)
     if not (clone / 'records' / slug / 'smoke' / 'tables.sha256').exists():
         pytest.fail(f"no committed smoke records for {slug}: run `rag-lab reproduce --profile smoke --only {slug} --record` and commit records/")
-    a, b = _run_twice(nb, tmp_path, ['-p', 'profile', 'smoke'], clone, env)
+    a, b = _run_twice(nb, tmp_path, clone, env)
     head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=clone, capture_output=True, text=True).stdout
     for out in (a, b):
         meta = json.loads((out / 'reports' / slug / 'run_meta.json').read_text())
         calls = meta['llm_calls']
         assert calls['computed'] == 0 and calls['record'] == calls['distinct'] > 0, calls
         assert meta['git_commit'][:7] == head[:7], (meta['git_commit'], head)   # the clone's own code ran
-    files = sorted({p.relative_to(a) for p in a.rglob('*') if p.is_file()} | {p.relative_to(b) for p in b.rglob('*') if p.is_file()})
-    assert len(files) > 5, files
-    differ = [str(f) for f in files if f.name != 'run_meta.json'
-              and (not (a / f).exists() or not (b / f).exists() or without_wall_time(a / f) != without_wall_time(b / f))]
-    assert differ == []
+    assert _differences(a, b, least=5) == []
     assert table_digests(a / 'reports' / slug) == _recorded_digests(clone / 'records' / slug / 'smoke')
+
+
+# the chapter notebooks whose nbdev_test run is one of this file's pairs (tests/test_notebooks.py skips them)
+NBDEV_TESTED_THERE = ('20_claim_aware.ipynb', *(PAPERS[s].notebook for s in LLM_SLUGS))
 
 
 # default-profile chapters whose replay takes about a minute (rag2's needs ~20 min of retrieval: left to `make reproduce`)
