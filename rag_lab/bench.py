@@ -21,8 +21,8 @@ import pandas as pd
 # %% auto #0
 __all__ = ['LLM_BENCH_MODELS', 'SERVER_QUESTIONS', 'FRESH_STAGES', 'LOGGED_STAGES', 'CLASS_SECONDS_LIMIT', 'bench_bm25',
            'bm25_markdown', 'benchmark', 'bench_llm', 'bench_server', 'server_markdown', 'main', 'stage_seconds',
-           'cpu_model', 'fresh_result', 'check_fresh', 'fresh_cache', 'bench_fresh', 'check_class', 'bench_class',
-           'cli']
+           'cpu_model', 'fresh_result', 'check_fresh', 'table_differences', 'fresh_cache', 'bench_fresh', 'check_class',
+           'bench_class', 'cli']
 
 # %% ../nbs/09_bench.ipynb #3b3cd0cb
 def bench_bm25(n: int | None = None, # test claims to retrieve (None: all 300)
@@ -267,6 +267,27 @@ def check_fresh(r: dict, # a benchmark record (`fresh_result`, or `reports/bench
         raise ValueError(f"lane_seconds {lanes} is not the sum of the chapters' seconds")
     return r
 
+# %% ../nbs/09_bench.ipynb #f7a1b2d1
+def table_differences(run: str | Path, # reports/<slug> of a run
+                      published: str | Path, # the committed reports/<slug>
+                     ) -> dict[str, str]: # CSV name -> how it differs (empty: every table the same bytes, wall-time lines aside)
+    "How a run's tables differ from the published ones: a table missing, other rows or columns or text, or the largest numeric difference per column."
+    import pandas as pd
+    from rag_lab.report import without_wall_time
+    run, published = Path(run), Path(published)
+    out = {}
+    for name in sorted({p.name for p in run.glob('*.csv')} | {p.name for p in published.glob('*.csv')}):
+        a, b = run / name, published / name
+        if not (a.exists() and b.exists()): out[name] = 'only in the ' + ('run' if a.exists() else 'published tables'); continue
+        if without_wall_time(a) == without_wall_time(b): continue
+        x, y = pd.read_csv(a, low_memory=False), pd.read_csv(b, low_memory=False)
+        if x.shape != y.shape or list(x.columns) != list(y.columns): out[name] = f'shape {x.shape} vs {y.shape}'; continue
+        num = [c for c in x.columns if pd.api.types.is_numeric_dtype(x[c]) and pd.api.types.is_numeric_dtype(y[c])]
+        text = [c for c in x.columns if c not in num and not x[c].astype(str).equals(y[c].astype(str)) and 'wall' not in c.lower()]
+        diffs = {c: float((x[c] - y[c]).abs().max()) for c in num if not x[c].equals(y[c])}
+        out[name] = '; '.join([*(f'{c}: text differs' for c in text), *(f'{c}: max |diff| {d:.3g}' for c, d in diffs.items())]) or 'wall-time cells only'
+    return out
+
 # %% ../nbs/09_bench.ipynb #f7a1b2c7
 def fresh_cache(dest: str | Path, # an empty (or missing) folder for the new cache
                 src: str | Path | None = None, # the cache the install filled (default: this checkout's)
@@ -292,7 +313,6 @@ def bench_fresh(profile: str = 'default', # the profile `make reproduce` runs
     import subprocess, sys
     from rag_lab.data import verify_all
     from rag_lab.config import repo_root
-    from rag_lab.report import table_digests
     t = time.perf_counter(); checked = verify_all(); data_s = time.perf_counter() - t
     if not checked.ok.all(): raise RuntimeError(f"data files fail their checks:\n{checked[~checked.ok]}")
     with tempfile.TemporaryDirectory() as d:
@@ -304,16 +324,17 @@ def bench_fresh(profile: str = 'default', # the profile `make reproduce` runs
         if p.returncode: raise RuntimeError(f"`{' '.join(cmd)}` failed (exit {p.returncode})")
         reports = sorted(Path(d, 'run', 'reports').glob('*/run_meta.json'))
         walls = {m.parent.name: json.loads(m.read_text())['wall_seconds'] for m in reports}
-        # the main job's profile: are the tables this fresh run wrote the committed ones (wall-time lines aside)?
-        published = {s: table_digests(Path(d, 'run', 'reports', s)) == table_digests(repo_root() / 'reports' / s)
+        # the main job's profile: how the tables this fresh run wrote differ from the committed ones (empty: not at all)
+        published = {s: table_differences(Path(d, 'run', 'reports', s), repo_root() / 'reports' / s)
                      for s in walls if profile == 'default' and (repo_root() / 'reports' / s / 'run_meta.json').exists()}
         r = check_fresh(fresh_result(install_seconds, data_s, chapters_s, stage_seconds(f'{d}/stages.jsonl'), jobs, walls,
                                      profile=profile, chapters=list(only) or 'all', install_note=install_note,
-                                     data_files=len(checked), tables_as_published=published))
+                                     data_files=len(checked), tables_vs_published=published))
     bench = out_root(out) / 'reports' / 'bench'
     lanes = (f" The in-chapter stages are summed over the {jobs} lanes ({r['lane_seconds']:.1f} lane-seconds); the run "
              f"itself took {r['run_seconds']:.1f} s wall, which the total counts." if jobs > 1 else '')
-    same = (' Tables as published: ' + ', '.join(f"{s} {'yes' if ok else 'NO'}" for s, ok in published.items()) + '.' if published else '')
+    same = (' Tables against the published ones: ' + '; '.join(f"{s} {'identical' if not t else ', '.join(f'{k} ({v})' for k, v in t.items())}"
+                                                               for s, t in published.items()) + '.' if published else '')
     md = (f"# A fresh `make reproduce`, stage by stage\n\nprofile `{profile}`, chapters: {r['chapters']}, {jobs} at a time; "
           f"{r['cpu']}, {r['cores']} cores, load average at the end {r['load_average'][0]}; install: {install_note}.{lanes}{same}\n\n"
           "| stage | seconds |\n|---|---|\n" + ''.join(f"| {k} | {v:.1f} |\n" for k, v in r['stages'].items())
@@ -345,6 +366,7 @@ def check_class(r: dict, # a class benchmark record (`bench_class`, or `reports/
 def bench_class(only: Sequence[str] = (), # chapter slugs (empty: every chapter)
                 out: str | Path | None = None, # output root of reports/bench/ (default: the repository; the chapters' outputs are discarded)
                 fresh: bool = False, # start from a fresh cache (as a fresh clone's first run) instead of this checkout's
+                keep: str | Path | None = None, # keep each chapter's outputs under keep/<slug>/ (default: discarded)
                ) -> Path: # the written `reports/bench/class.json`
     "Time `rag-lab reproduce --profile class` chapter by chapter; write `class.json` and `class.md` under `reports/bench/`."
     import subprocess, sys
@@ -356,12 +378,13 @@ def bench_class(only: Sequence[str] = (), # chapter slugs (empty: every chapter)
     with tempfile.TemporaryDirectory() as d:
         env = {k: v for k, v in os.environ.items() if k not in ('RAG_LAB_OUT', 'IN_TEST')}
         if fresh: env |= dict(RAG_LAB_CACHE=str(fresh_cache(Path(d) / 'cache')), RAG_LAB_LLM_CACHE='off')
+        runs = Path(keep) if keep else Path(d)
         for slug in slugs:
             cmd = [str(Path(sys.executable).parent / 'rag-lab'), 'reproduce', '--profile', 'class', '--only', slug,
-                   '--out', f'{d}/{slug}', '--no-progress']
+                   '--out', str(runs / slug), '--no-progress']
             t = time.perf_counter(); p = subprocess.run(cmd, env=env, capture_output=True, text=True); s = time.perf_counter() - t
             if p.returncode: raise RuntimeError(f"`{' '.join(cmd)}` failed (exit {p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
-            calls = json.loads((Path(d) / slug / 'reports' / slug / 'run_meta.json').read_text()).get('llm_calls') or {}
+            calls = json.loads((runs / slug / 'reports' / slug / 'run_meta.json').read_text()).get('llm_calls') or {}
             replayed, computed = calls.get('record', 0) + calls.get('cache', 0), calls.get('computed', 0)
             chapters[slug] = dict(seconds=round(s, 2), replayed=replayed, computed=computed,
                                   within_limit=round(s, 2) <= CLASS_SECONDS_LIMIT and computed == 0)
@@ -388,8 +411,9 @@ def cli(argv: Sequence[str] | None = None, # the arguments (default: sys.argv[1:
     if argv[0] == 'class':
         ap = argparse.ArgumentParser(prog='python -m rag_lab.bench class', description=bench_class.__doc__)
         ap.add_argument('--only', nargs='+', default=[]); ap.add_argument('--out'); ap.add_argument('--fresh', action='store_true')
+        ap.add_argument('--keep', help="keep each chapter's outputs under KEEP/<slug>/")
         a = ap.parse_args(argv[1:])
-        path = bench_class(a.only, a.out, a.fresh)
+        path = bench_class(a.only, a.out, a.fresh, a.keep)
         print(path.with_suffix('.md').read_text()); print(f"written: {path}")
         return path
     ap = argparse.ArgumentParser(prog='python -m rag_lab.bench fresh', description=bench_fresh.__doc__)

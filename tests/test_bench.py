@@ -80,6 +80,20 @@ def test_the_published_benchmark_if_any_is_valid():
     check_fresh(json.loads(p.read_text()))
 
 
+README_STAGE_NAMES = dict(install='install', data='data checks', encoding='encoding', training='training', replay='replay',
+                          report='reports')
+
+
+def test_the_readme_quotes_the_committed_fresh_benchmark():
+    "The README's fresh-clone figures are those `make bench-fresh` wrote: the total, every stage, every chapter, the lanes."
+    r = check_fresh(json.loads((REPO / 'reports' / 'bench' / 'fresh.json').read_text()))
+    text = ' '.join((REPO / 'README.md').read_text().split())
+    quoted = [f"**{r['total_seconds'] / 60:.1f} min**", *(f"{README_STAGE_NAMES[k]} {v:.0f} s" for k, v in r['stages'].items()),
+              *(f"{slug} {v:.0f} s" for slug, v in r.get('chapter_seconds', {}).items())]
+    if r.get('jobs', 1) > 1: quoted += [f"{r['jobs']} notebooks at a time", f"{r['run_seconds']:.0f} s wall"]
+    assert not [q for q in quoted if q not in text], [q for q in quoted if q not in text]
+
+
 def _class_record(**chapters):
     from rag_lab.bench import CLASS_SECONDS_LIMIT
     cs = {k: dict(seconds=s, replayed=10, computed=c, within_limit=s <= CLASS_SECONDS_LIMIT and c == 0) for k, (s, c) in chapters.items()}
@@ -101,17 +115,31 @@ def test_a_broken_class_record_is_refused(edit, message):
     with pytest.raises(ValueError, match=message): check_class(edit(r))
 
 
-def test_the_class_benchmark_times_a_real_replay(tmp_path):
-    "One chapter of the class profile through `python -m rag_lab.bench class`: a valid record, every call replayed."
-    import subprocess, sys
-    p = subprocess.run([sys.executable, '-m', 'rag_lab.bench', 'class', '--only', 'reason_verify', '--out', str(tmp_path)],
-                       capture_output=True, text=True, cwd=REPO, timeout=900)
+def test_the_class_benchmark_times_a_real_replay_of_the_teaching_path(tmp_path):
+    "One chapter of the class profile through `python -m rag_lab.bench class`: a valid record, every call replayed. The "
+    "same run is the teaching path's test (its outputs kept): `--profile class` replays the default records for 20 items "
+    "(0 calls computed: its fresh budget is 0, so a missing record stops it), and its tables, index and run record say "
+    "it is a scratch run."
+    import os, subprocess, sys
+    runs = tmp_path / 'runs'
+    env = {**os.environ, 'RAG_LAB_LLM_CACHE': 'off'}   # the records alone
+    p = subprocess.run([sys.executable, '-m', 'rag_lab.bench', 'class', '--only', 'reason_verify', '--out', str(tmp_path),
+                        '--keep', str(runs)], capture_output=True, text=True, cwd=REPO, timeout=900, env=env)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     from rag_lab.bench import check_class
     r = check_class(json.loads((tmp_path / 'reports' / 'bench' / 'class.json').read_text()))
     c = r['chapters']['reason_verify']
     assert c['computed'] == 0 and c['replayed'] > 0, c
     assert '| reason_verify |' in (tmp_path / 'reports' / 'bench' / 'class.md').read_text()
+    out = runs / 'reason_verify'
+    meta = json.loads((out / 'reports' / 'reason_verify' / 'run_meta.json').read_text())
+    assert meta['llm_calls']['computed'] == 0 and meta['llm_calls']['record'] > 100, meta['llm_calls']
+    assert meta['params']['n'] == 20 and meta['banner'].startswith('scratch run: profile class, n = 20'), meta.get('banner')
+    published_n = json.loads((REPO / 'reports' / 'reason_verify' / 'run_meta.json').read_text())['params']['n']
+    assert f'published n = {published_n}' in meta['banner']
+    index = (out / 'reports' / 'index.md').read_text()
+    assert 'Scratch run, not the published results' in index and meta['banner'] in index
+    assert f"**{meta['banner']}**" in (out / 'reports' / 'reason_verify' / 'headline.md').read_text()
 
 
 def test_the_readme_quotes_the_committed_class_benchmark():

@@ -321,22 +321,8 @@ def test_a_scratch_run_is_named_by_its_overrides(tmp_path):
     assert not published and Path(dest).name.endswith('-default-n=20-reason_verify.n_secondary=5'), dest
 
 
-def test_the_class_profile_replays_the_default_records_and_is_labelled_scratch(tmp_path):
-    "The teaching path: `--profile class` replays the default records for 20 items (0 calls computed: its fresh budget "
-    "is 0, so a missing record stops it), and its tables, index and run record say it is a scratch run."
-    out = tmp_path / 'class'
-    env = {**os.environ, 'RAG_LAB_LLM_CACHE': 'off'}   # the records alone
-    r = subprocess.run([str(BIN / 'rag-lab'), 'reproduce', '--profile', 'class', '--only', 'reason_verify', '--out', str(out),
-                        '--no-progress'], capture_output=True, text=True, timeout=1800, env=env, cwd=REPO)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    meta = json.loads((out / 'reports' / 'reason_verify' / 'run_meta.json').read_text())
-    assert meta['llm_calls']['computed'] == 0 and meta['llm_calls']['record'] > 100, meta['llm_calls']
-    assert meta['params']['n'] == 20 and meta['banner'].startswith('scratch run: profile class, n = 20'), meta.get('banner')
-    published_n = json.loads((REPO / 'reports' / 'reason_verify' / 'run_meta.json').read_text())['params']['n']
-    assert f'published n = {published_n}' in meta['banner']
-    index = (out / 'reports' / 'index.md').read_text()
-    assert 'Scratch run, not the published results' in index and meta['banner'] in index
-    assert f"**{meta['banner']}**" in (out / 'reports' / 'reason_verify' / 'headline.md').read_text()
+# the class profile's replay (the teaching path) is tested on the run tests/test_bench.py times:
+# test_the_class_benchmark_times_a_real_replay_of_the_teaching_path
 
 
 def test_try_it_reruns_the_chapter_into_its_own_scratch_folder_and_shows_that_runs_findings(monkeypatch, tmp_path):
