@@ -272,7 +272,6 @@ def table_differences(run: str | Path, # reports/<slug> of a run
                       published: str | Path, # the committed reports/<slug>
                      ) -> dict[str, str]: # CSV name -> how it differs (empty: every table the same bytes, wall-time lines aside)
     "How a run's tables differ from the published ones: a table missing, other rows or columns or text, or the largest numeric difference per column."
-    import pandas as pd
     from rag_lab.report import without_wall_time
     run, published = Path(run), Path(published)
     out = {}
