@@ -6,8 +6,8 @@
 from __future__ import annotations
 import json, math, os, platform, tempfile, time
 from pathlib import Path
-from .config import atomic_write_text, out_root
-from .report import markdown_table
+from .config import atomic_write_text, out_root, repo_root
+from .report import markdown_table, without_wall_time
 from .data import load_scifact_beir, scifact_corpus
 from .retrieval import BM25Index, RankBM25Index, same_rankings
 from .calls import CallRecords, LLMCache, Ledger, map_calls
@@ -272,7 +272,6 @@ def table_differences(run: str | Path, # reports/<slug> of a run
                       published: str | Path, # the committed reports/<slug>
                      ) -> dict[str, str]: # CSV name -> how it differs (empty: every table the same bytes, wall-time lines aside)
     "How a run's tables differ from the published ones: a table missing, other rows or columns or text, or the largest numeric difference per column."
-    from rag_lab.report import without_wall_time
     run, published = Path(run), Path(published)
     out = {}
     for name in sorted({p.name for p in run.glob('*.csv')} | {p.name for p in published.glob('*.csv')}):
@@ -311,7 +310,6 @@ def bench_fresh(profile: str = 'default', # the profile `make reproduce` runs
     "Time a fresh `make reproduce` stage by stage on a fresh cache; write `fresh.json` and `fresh.md` under `reports/bench/`."
     import subprocess, sys
     from rag_lab.data import verify_all
-    from rag_lab.config import repo_root
     t = time.perf_counter(); checked = verify_all(); data_s = time.perf_counter() - t
     if not checked.ok.all(): raise RuntimeError(f"data files fail their checks:\n{checked[~checked.ok]}")
     with tempfile.TemporaryDirectory() as d:
