@@ -24,7 +24,7 @@ setuptools.setup(
     include_package_data=True,
     package_data={'rag_lab': ['paper_tables/*/*.csv']},
     install_requires=cfg.get('requirements', '').split(),
-    extras_require={'dev': cfg.get('dev_requirements', '').split()},
+    extras_require={'dev': cfg.get('dev_requirements', '').split(), 'llm': cfg.get('llm_requirements', '').split()},
     python_requires='>=' + cfg['min_python'],
     zip_safe=False,
     entry_points={

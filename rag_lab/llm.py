@@ -303,7 +303,10 @@ PREFILL_CHUNK = 64  # prompts are evaluated in chunks aligned to multiples of th
 
 @lru_cache(maxsize=4)
 def _load_llama(path: str, n_ctx: int, n_threads: int):
-    from llama_cpp import Llama
+    try: from llama_cpp import Llama
+    except ImportError: raise ModelError(
+        "llama-cpp-python is not installed, and computing a call with the llamacpp backend needs it: `make install` "
+        "compiles it (about 7 min on 2 cores). A replay of the committed records never loads it.") from None
     try: m = Llama(model_path=path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, verbose=False)
     except Exception as e: raise ModelError(f"llama.cpp could not load {path}: {e}") from None
     _OPEN_LLAMAS.add(m)
@@ -408,8 +411,8 @@ class LlamaCppLLM(LLM):
                  n_threads: int | None = None, # default: `default_threads()`
                  **kw):
         super().__init__(model, **kw)
-        if model in EMBEDDED_MODELS:
-            path, digest = embedded_model_path(model), EMBEDDED_MODELS[model].sha256
+        if model in EMBEDDED_MODELS:   # its GGUF is assembled (and checked) when a call is first computed
+            path, digest = None, EMBEDDED_MODELS[model].sha256
         elif model.endswith('.gguf') and Path(model).expanduser().is_file():
             path = Path(model).expanduser().resolve()
             digest = sha256 or file_sha256(path)
@@ -417,11 +420,26 @@ class LlamaCppLLM(LLM):
         else:
             raise ModelError(f"llamacpp backend: {model!r} is neither an embedded model ({', '.join(EMBEDDED_MODELS)}) "
                              f"nor an existing .gguf file.")
-        self.path, self.sha256 = path, digest
-        self.fingerprint = f"sha256:{digest}"
+        self._path, self.sha256, self._n_ctx = path, digest, n_ctx
+        self.fingerprint = f"sha256:{digest}"   # keys the calls: a replay needs no model file
         self.n_threads = n_threads or default_threads()
-        self.llama = _load_llama(str(path), n_ctx, self.n_threads)
+        self._llama = None
         self._lock = threading.Lock()  # one llama.cpp context: one call at a time
+        self._loading = threading.Lock()
+
+    @property
+    def path(self) -> Path:
+        "The verified GGUF file (an embedded model's parts are joined into the model cache on first use)."
+        if self._path is None: self._path = embedded_model_path(self.model)
+        return self._path
+
+    @property
+    def llama(self):
+        "The llama.cpp model, loaded when a call is first computed: a replay of recorded calls never loads it."
+        if self._llama is None:
+            with self._loading:
+                if self._llama is None: self._llama = _load_llama(str(self.path), self._n_ctx, self.n_threads)
+        return self._llama
 
     def _response_format(self, cfg: GenConfig) -> dict | None:
         if not (cfg.json_mode or cfg.json_schema): return None

@@ -8,7 +8,7 @@ import argparse, difflib, fcntl, html, json, math, os, re, shutil, sys, tempfile
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Mapping, Sequence
+from typing import IO, Iterable, Mapping, Sequence
 from . import __version__
 from dataclasses import replace
 from .config import SMOKE_LLM, PROFILES, REPLAYS, RunContext, parse_param, check_params, repo_root, out_root, run_context, scratch_root, atomic_write_text
@@ -19,14 +19,15 @@ from .pages import VERDICTS_BEGIN, VERDICTS_END, findings_markdown, readme_with_
 import numpy as np, pandas as pd
 
 # %% auto #0
-__all__ = ['KERNEL_HASHSEED', 'STAGING_OWNER', 'LEGACY_STAGING_AGE', 'RECORDED_PROFILES', 'FRESH_ESTIMATE', 'FRESH_LIMIT_SECONDS',
-           'RUN_META_KEYS', 'BATCH_DRIVERS', 'UsageError', 'notebook_parameters', 'plan_run', 'check_out_root',
-           'check_records_writable', 'destination', 'output_lock', 'clean_stale_staging', 'executed_copy',
-           'progress_line', 'run_notebook', 'fresh_estimate', 'longest_first', 'fresh_plan', 'fresh_budgets',
-           'scratch_env', 'read_run_meta', 'published_problems', 'write_summaries', 'refresh_readme', 'readme_command',
-           'reproduce', 'site_command', 'records_table', 'nominal_seconds', 'fresh_seconds', 'estimate_fresh_compute',
-           'lanes_wall', 'save_fresh_estimate', 'records_command', 'server_check_failures', 'check_server_command',
-           'list_command', 'params_command', 'main', 'batch_kernel', 'try_it']
+__all__ = ['KERNEL_HASHSEED', 'STAGING_OWNER', 'LEGACY_STAGING_AGE', 'RECORDED_PROFILES', 'FRESH_ESTIMATE', 'FRESH_BENCH',
+           'FRESH_LIMIT_SECONDS', 'RUN_META_KEYS', 'BATCH_DRIVERS', 'UsageError', 'notebook_parameters', 'plan_run',
+           'check_out_root', 'check_records_writable', 'destination', 'output_lock', 'clean_stale_staging',
+           'executed_copy', 'progress_line', 'run_notebook', 'fresh_estimate', 'replay_seconds', 'longest_first',
+           'fresh_plan', 'fresh_budgets', 'check_backend_installed', 'scratch_env', 'read_run_meta',
+           'published_problems', 'write_summaries', 'refresh_readme', 'readme_command', 'reproduce', 'site_command',
+           'records_table', 'nominal_seconds', 'fresh_seconds', 'estimate_fresh_compute', 'lanes_wall',
+           'save_fresh_estimate', 'records_command', 'server_check_failures', 'check_server_command', 'list_command',
+           'params_command', 'main', 'batch_kernel', 'try_it']
 
 # %% ../nbs/08_runner.ipynb #4fae61f3
 class UsageError(ValueError):
@@ -355,14 +356,33 @@ def fresh_estimate(folder: Path, # a chapter's records folder, records/<slug>/<p
     if isinstance(hours, (int, float)) and not isinstance(hours, bool) and math.isfinite(hours) and hours >= 0: return float(hours)
     raise UsageError(f"{path} is unreadable ({why}); write it again with `rag-lab records budget --save`, or delete it")
 
+# %% ../nbs/08_runner.ipynb #e1a2c3d4
+FRESH_BENCH = Path('reports') / 'bench' / 'fresh.json'   # the committed fresh-clone benchmark (`make bench-fresh`)
+
+def replay_seconds(profile: str, # the run's profile
+                  ) -> dict[str, float]: # slug -> wall seconds of its replay on a fresh cache ({}: not measured)
+    "Each chapter's replay time in the committed fresh benchmark, when that benchmark ran `profile`; a `UsageError` naming the file if unreadable."
+    path = repo_root() / FRESH_BENCH
+    if not path.exists(): return {}
+    try:
+        bench = json.loads(path.read_text())
+        secs = {str(s): float(v) for s, v in bench['chapter_seconds'].items()} if bench['profile'] == profile else {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise UsageError(f"{path} is unreadable ({type(e).__name__}: {e}); run `make bench-fresh` again, or restore it") from None
+    return secs
+
 # %% ../nbs/08_runner.ipynb #bd09b6d7
 def longest_first(slugs: list[str], # chapters that may run side by side
                   profile: str, # whose records to weigh them by
+                  replaying: Iterable[str] = (), # chapters that replay their records: weighed by their measured replay
                  ) -> list[str]: # the same slugs, most recorded compute first (equal ones keep their order)
-    "The order in which `--jobs N` starts chapters: longest first (by the measured fresh estimate, else the records' seconds)."
+    "The order in which `--jobs N` starts chapters: longest first (a replay by its measured replay seconds; a chapter that "
+    "computes by its measured fresh estimate, else the records' seconds)."
     from rag_lab.calls import call_records
-    recs = call_records()
+    recs, replay = call_records(), replay_seconds(profile)
+    replaying = set(replaying)
     def seconds(s: str) -> float:
+        if s in replaying and s in replay: return replay[s]
         if (hours := fresh_estimate(recs.folder(s, profile))) is not None: return 3600 * hours
         return sum(r['value'].get('seconds') or 0 for r in recs.read_folder(s, profile).values())
     return sorted(slugs, key=lambda s: -seconds(s))
@@ -423,6 +443,21 @@ def fresh_budgets(plan: dict[str, dict], # `plan_run`'s {slug: parameters}
     replay = dict(zip(fp.slug, fp.replays))
     return {s: {'RAG_LAB_FRESH_BUDGET': '0' if profile == 'class' else str(FRESH_LIMIT_SECONDS)} if s in replay else {} for s in plan}
 
+# %% ../nbs/08_runner.ipynb #f3b4c5d6
+def check_backend_installed(plan: dict[str, dict], # `plan_run`'s {slug: parameters}
+                            profile: str, # the run's profile
+                            computing: Sequence[str], # chapters expected to compute LLM calls (`fresh_plan` hours != 0)
+                           ) -> None:
+    "A `UsageError` before any notebook starts when a chapter would compute llamacpp calls without llama-cpp-python installed."
+    from importlib.util import find_spec
+    if find_spec('llama_cpp') is not None: return
+    from rag_lab.config import LLMParams, resolve_params
+    need = [s for s in computing if isinstance(p := resolve_params(s, profile, **plan[s]), LLMParams) and p.backend == 'llamacpp']
+    if need: raise UsageError(
+        f"{', '.join(need)} would compute LLM calls with the llamacpp backend, and llama-cpp-python is not installed "
+        f"(`make reproduce` installs only what a replay of the committed records needs): run `make install` first, "
+        f"which compiles it (about 7 min on 2 cores)")
+
 # %% ../nbs/08_runner.ipynb #8c0f58c3
 def scratch_env(slug: str, profile: str, # the chapter and the run's profile
                 overrides: dict, # its -p values (parsed)
@@ -446,6 +481,7 @@ def _kernel_threads(jobs: int) -> str | None:
 
 def _run_all(plan: dict[str, dict], profile: str, nbs_dir: Path, root: Path, progress: bool, env: dict, jobs: int,
              envs: dict[str, dict] | None = None, # per chapter: more kernel variables (its fresh budget, scratch banner)
+             replaying: Sequence[str] = (), # chapters expected to compute no LLM call (their lanes weigh their replay time)
             ) -> dict[str, str]:
     "Run every planned notebook (`jobs` at a time), printing a line as each starts and ends; slug -> status."
     if (threads := _kernel_threads(jobs)): env = {**env, 'RAG_LAB_LLM_THREADS': threads}   # else the user's $RAG_LAB_LLM_THREADS, if any, stays
@@ -458,7 +494,7 @@ def _run_all(plan: dict[str, dict], profile: str, nbs_dir: Path, root: Path, pro
               + ('' if st == 'ok' else f": {st}") + _calls_note(root, slug, st), flush=True)
         return slug, st
     first, last = [s for s in plan if not CHAPTERS[s].needs], [s for s in plan if CHAPTERS[s].needs]  # reads others' outputs: last
-    if jobs > 1: first = longest_first(first, REPLAYS.get(profile, profile))   # weighed by the records it replays
+    if jobs > 1: first = longest_first(first, REPLAYS.get(profile, profile), replaying)
     numbered = {s: i for i, s in enumerate(first + last, 1)}
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         status = dict(pool.map(one, [(numbered[s], (s, plan[s])) for s in first]))
@@ -558,6 +594,8 @@ def reproduce(profile: str = 'default', only: list[str] | None = None, params: l
             from rag_lab.calls import call_records
             for s in plan: fresh_estimate(call_records().folder(s, profile))
         budgets = fresh_budgets(plan, profile, fresh, allow_fresh or record)   # an explicit --record means to compute
+        fp = fresh_plan(plan, profile, fresh)
+        check_backend_installed(plan, profile, list(fp.slug[fp.hours != 0]))
         root = check_out_root(dest)
         lock = output_lock(root, wait); lock.__enter__()
     except UsageError as e:
@@ -568,7 +606,7 @@ def reproduce(profile: str = 'default', only: list[str] | None = None, params: l
         for d in clean_stale_staging(root): print(f"removed {d.name}: the staging folder of a run that ended without cleaning up", flush=True)
         t0 = time.time()
         envs = {sl: budgets[sl] | scratch_env(sl, profile, plan[sl], published) for sl in plan}
-        status = _run_all(plan, profile, nbs_dir, root, progress, run.as_env(), jobs, envs)
+        status = _run_all(plan, profile, nbs_dir, root, progress, run.as_env(), jobs, envs, list(fp.slug[fp.hours == 0]))
         idx, card = write_summaries(root, status)
         # the README quotes the published tables: regenerated by the main job only, never by a scratch run
         readme_ok = refresh_readme(root) if published and profile == 'default' and root == repo_root() else True

@@ -14,7 +14,7 @@ def test_environment_yml_parses_and_matches_settings():
     assert 'python=3.11' in deps, deps
     pip = next(d['pip'] for d in deps if isinstance(d, dict) and 'pip' in d)
     s = _settings()
-    expected = s['requirements'].split() + s['dev_requirements'].split()
+    expected = s['requirements'].split() + s['llm_requirements'].split() + s['dev_requirements'].split()
     assert sorted(pip) == sorted(expected), set(pip) ^ set(expected)
 
 def test_torch_is_the_pinned_cpu_wheel_and_majors_are_pinned():

@@ -596,3 +596,23 @@ def _allowed_mask(s, logits):
 def _masked_reference(s, logits):
     "llama.cpp's own chain: grammar over the whole vocabulary, then greedy (the first maximum)."
     return int(np.argmax(np.where(_allowed_mask(s, logits), logits, -np.inf)))
+
+
+def test_a_replay_never_loads_the_model_nor_needs_llama_cpp(tmp_path, monkeypatch):
+    "`make reproduce` installs no llama-cpp-python: recorded calls replay without it; a call to compute names `make install`."
+    import sys
+    from rag_lab import llm as llm_mod
+    from rag_lab.calls import CallRecords
+    recs = CallRecords(tmp_path / 'records')
+    a = LlamaCppLLM(SMOL, n_threads=1, cache=LLMCache(tmp_path / 'a.sqlite'), ledger=Ledger(), records=recs)
+    g = a.chat('Name a colour.', max_tokens=6)
+    recs.write('demo', 'smoke', a.ledger.calls)
+    monkeypatch.setitem(sys.modules, 'llama_cpp', None)   # as if llama-cpp-python were not installed: importing it fails
+    llm_mod._load_llama.cache_clear()
+    b = LlamaCppLLM(QWEN15, n_threads=1, cache=LLMCache(tmp_path / 'b.sqlite'),
+                    ledger=Ledger(), records=CallRecords(tmp_path / 'records'))
+    assert b._llama is None and b._path is None   # nothing loaded, not even the GGUF assembled
+    c = LlamaCppLLM(SMOL, n_threads=1, cache=LLMCache(tmp_path / 'c.sqlite'), ledger=Ledger(), records=CallRecords(tmp_path / 'records'))
+    r = c.chat('Name a colour.', max_tokens=6)
+    assert (r.source, r.text, c._llama) == ('record', g.text, None)
+    with pytest.raises(ModelError, match='make install'): c.chat('Name a fruit.', max_tokens=6)

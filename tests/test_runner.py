@@ -302,6 +302,37 @@ def test_lanes_start_by_the_measured_estimate_when_there_is_one(tmp_path, monkey
     (recs.folder('rag2', 'default') / FRESH_ESTIMATE).write_text(json.dumps({'fresh_hours': 0.5}))   # 1800 s measured
     assert longest_first(['rag2', 'reason_verify'], 'default') == ['rag2', 'reason_verify']
 
+    # a replay is weighed by its measured replay time (the committed fresh benchmark), not by compute it will not do
+    from rag_lab import runner as rn
+    monkeypatch.setattr(rn, 'replay_seconds', lambda profile: {'rag2': 60.0, 'reason_verify': 600.0})
+    assert longest_first(['rag2', 'reason_verify'], 'default', replaying=['rag2', 'reason_verify']) == ['reason_verify', 'rag2']
+    assert longest_first(['rag2', 'reason_verify'], 'default', replaying=['reason_verify']) == ['rag2', 'reason_verify']
+
+
+def test_replay_seconds_come_from_the_fresh_benchmark_of_that_profile(tmp_path, monkeypatch):
+    from rag_lab import runner as rn
+    monkeypatch.setattr(rn, 'repo_root', lambda: tmp_path)
+    assert rn.replay_seconds('default') == {}   # no benchmark: nothing measured
+    (tmp_path / 'reports' / 'bench').mkdir(parents=True)
+    bench = tmp_path / rn.FRESH_BENCH
+    bench.write_text(json.dumps({'profile': 'default', 'chapter_seconds': {'rag2': 661.2}}))
+    assert rn.replay_seconds('default') == {'rag2': 661.2} and rn.replay_seconds('smoke') == {}
+    bench.write_text('{"profile": "default"')
+    with pytest.raises(rn.UsageError, match='fresh.json is unreadable'): rn.replay_seconds('default')
+
+
+def test_a_run_that_would_compute_without_llama_cpp_is_refused_before_it_starts(monkeypatch):
+    "`make reproduce` installs no llama-cpp-python; a chapter that would compute llamacpp calls is refused, naming `make install`."
+    import importlib.util
+    from rag_lab import runner as rn
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None if name == 'llama_cpp' else real(name, *a))
+    plan = {'rag2': {'answer_mode': 'free_text'}, 'claim_aware': {}}
+    with pytest.raises(rn.UsageError, match='rag2 would compute.*make install'): rn.check_backend_installed(plan, 'default', ['rag2', 'claim_aware'])
+    rn.check_backend_installed(plan, 'default', [])   # a replay computes nothing: no backend needed
+    served = {'rag2': {'backend': 'llamaserver', 'base_url': 'http://localhost:1/v1'}}
+    rn.check_backend_installed(served, 'default', ['rag2'])   # a server backend needs no llama-cpp-python
+
 
 def test_a_run_that_would_compute_for_hours_prints_its_estimate_and_asks_for_a_flag(tmp_path):
     "Parameters the records do not cover (another answer mode) mean hours of fresh calls on a CPU: the run prints the "
