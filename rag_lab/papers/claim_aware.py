@@ -9,6 +9,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from ..text import Corpus, tokenize, jaccard, split_sentences
 from ..retrieval import Run, fit_tfidf
+from ..llm import limit_torch_threads
 from pydantic import Field
 from ..config import NotebookParams
 from fastcore.basics import patch
@@ -65,6 +66,7 @@ class PairVerifier:
                  d_model: int = 64, n_heads: int = 4, ff: int = 128, claim_len: int = 32, sent_len: int = 64, seed: int = 42):
         import torch
         from torch import nn
+        limit_torch_threads()   # torch's default (every core) oversubscribes them when notebooks run side by side
         torch.manual_seed(seed)
         vocab = sorted({t for x in texts for t in tokenize(x)})
         if not vocab: raise ValueError("PairVerifier needs texts with at least one token")
