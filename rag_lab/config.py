@@ -4,22 +4,24 @@
 
 # %% ../nbs/00_config.ipynb #2968b1a6
 from __future__ import annotations
-import os, re, sys, json, time, random, platform, subprocess, hashlib, tempfile
+import os, re, sys, json, time, random, platform, subprocess, hashlib, tempfile, fcntl, shutil
 from dataclasses import dataclass
 from pathlib import Path
 from datetime import datetime, timezone
 from importlib import metadata
-from typing import Any, Literal, Sequence, get_args
+from typing import IO, Any, Literal, Sequence, get_args
 from .papers import get_paper   # the registry: a leaf module below every layer (it loads paper modules by name, on use)
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, TypeAdapter, field_validator, model_validator
 
 # %% auto #0
-__all__ = ['DEFAULT_SEED', 'SEED_MAX', 'PROFILES', 'REPLAYS', 'Backend', 'DEFAULT_GENERATOR', 'SMOKE_LLM', 'CAPABILITY_TEXT',
-           'BACKEND_CAPABILITIES', 'SERVER_BACKENDS', 'repo_root', 'data_root', 'cache_root', 'cache_dir', 'out_root',
-           'scratch_root', 'RunContext', 'run_context', 'atomic_write_bytes', 'atomic_write_text', 'seed_everything',
-           'quiet_loading', 'timed_stage', 'comma_list_of', 'NotebookParams', 'LLMParams', 'backend_refusal',
-           'ServedLLMParams', 'param_schema', 'resolve_params', 'parse_param', 'check_params', 'package_versions',
-           'git_commit', 'file_sha256', 'RunInfo', 'run_params', 'injected_parameters', 'notebook_params']
+__all__ = ['STAGING_OWNER', 'LEGACY_STAGING_AGE', 'DEFAULT_SEED', 'SEED_MAX', 'PROFILES', 'REPLAYS', 'Backend',
+           'DEFAULT_GENERATOR', 'SMOKE_LLM', 'CAPABILITY_TEXT', 'BACKEND_CAPABILITIES', 'SERVER_BACKENDS', 'repo_root',
+           'data_root', 'cache_root', 'cache_dir', 'out_root', 'scratch_root', 'RunContext', 'run_context',
+           'atomic_write_bytes', 'atomic_write_text', 'replace_dir', 'new_staging', 'clean_stale_staging',
+           'seed_everything', 'quiet_loading', 'timed_stage', 'comma_list_of', 'NotebookParams', 'LLMParams',
+           'backend_refusal', 'ServedLLMParams', 'param_schema', 'resolve_params', 'parse_param', 'check_params',
+           'package_versions', 'git_commit', 'file_sha256', 'RunInfo', 'run_params', 'injected_parameters',
+           'notebook_params']
 
 # %% ../nbs/00_config.ipynb #55ea4637
 def repo_root(start: Path | str | None = None, # where to start looking (default: the working directory)
@@ -146,6 +148,49 @@ def atomic_write_bytes(path: Path | str, # the file to (re)write; its folder is 
 def atomic_write_text(path: Path | str, text: str) -> Path:
     "`atomic_write_bytes` of `text` in UTF-8."
     return atomic_write_bytes(path, text.encode('utf-8'))
+
+# %% ../nbs/00_config.ipynb #8c95cb2e
+def replace_dir(src: Path, dest: Path) -> None:
+    "Move `src` to `dest`, replacing it; the old `dest` is removed only after the move succeeded."
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    old = dest.with_name(f'.{dest.name}.old')
+    if old.exists(): shutil.rmtree(old)
+    if dest.exists(): dest.rename(old)
+    shutil.move(str(src), str(dest))
+    if old.exists(): shutil.rmtree(old)
+
+# %% ../nbs/00_config.ipynb #7340e2c5
+STAGING_OWNER = '.owner'   # in a staging folder: its run's pid, the file held locked (flock) while that run lives
+
+def new_staging(out: Path, # the output root
+                 slug: str, # the chapter, part of the folder's name
+                ) -> tuple[Path, IO]: # the folder, and its owner file: keep it open while the run lives
+    "A staging folder of one run's own under `out`, with an owner file it holds locked (the lock ends with its process)."
+    staging = Path(tempfile.mkdtemp(prefix=f'.staging-{slug}-', dir=out))   # one per run: concurrent runs never share it
+    owner = open(staging / STAGING_OWNER, 'w')
+    fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    owner.write(f'{os.getpid()}\n'); owner.flush()
+    return staging, owner
+
+# %% ../nbs/00_config.ipynb #4cf01a17
+LEGACY_STAGING_AGE = 86400.0   # seconds: a staging folder without an owner file (older runners) is stale after a day unchanged
+
+def clean_stale_staging(root: Path, # an output root (the runner holds its lock)
+                       ) -> list[Path]: # the folders removed
+    "Remove the staging folders of runs that are gone (owner file not locked; without one, unchanged for a day); never a live run's."
+    removed = []
+    for d in sorted(p for p in root.glob('.staging-*') if p.is_dir()):
+        owner = d / STAGING_OWNER
+        try:
+            if owner.exists():
+                with open(owner) as f:
+                    try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError: continue   # its run holds the lock: alive
+                    shutil.rmtree(d, ignore_errors=True)
+            elif time.time() - d.stat().st_mtime > LEGACY_STAGING_AGE: shutil.rmtree(d, ignore_errors=True)
+        except OSError: continue   # vanished or unreadable: not ours to judge
+        if not d.exists(): removed.append(d)
+    return removed
 
 # %% ../nbs/00_config.ipynb #0ccaffd4
 DEFAULT_SEED = 42

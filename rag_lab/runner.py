@@ -12,6 +12,7 @@ from typing import IO, Iterable, Mapping, Sequence
 from . import __version__
 from dataclasses import replace
 from .config import SMOKE_LLM, PROFILES, REPLAYS, RunContext, parse_param, check_params, repo_root, out_root, run_context, scratch_root, atomic_write_text
+from .config import new_staging, replace_dir, clean_stale_staging
 from .papers import CHAPTERS, PAPERS
 from .calls import CacheError, RecordsError, clock
 from .report import scorecard_text, markdown_table
@@ -19,13 +20,12 @@ from .pages import VERDICTS_BEGIN, VERDICTS_END, findings_markdown, readme_with_
 import numpy as np, pandas as pd
 
 # %% auto #0
-__all__ = ['KERNEL_HASHSEED', 'STAGING_OWNER', 'LEGACY_STAGING_AGE', 'RECORDED_PROFILES', 'FRESH_ESTIMATE', 'FRESH_BENCH',
-           'FRESH_LIMIT_SECONDS', 'RUN_META_KEYS', 'BATCH_DRIVERS', 'UsageError', 'notebook_parameters', 'plan_run',
-           'check_out_root', 'check_records_writable', 'destination', 'output_lock', 'clean_stale_staging',
-           'executed_copy', 'progress_line', 'run_notebook', 'fresh_estimate', 'replay_seconds', 'longest_first',
-           'fresh_plan', 'fresh_budgets', 'check_backend_installed', 'scratch_env', 'read_run_meta',
-           'published_problems', 'write_summaries', 'refresh_readme', 'readme_command', 'reproduce', 'site_command',
-           'records_table', 'nominal_seconds', 'fresh_seconds', 'estimate_fresh_compute', 'lanes_wall',
+__all__ = ['KERNEL_HASHSEED', 'RECORDED_PROFILES', 'FRESH_ESTIMATE', 'FRESH_BENCH', 'FRESH_LIMIT_SECONDS', 'RUN_META_KEYS',
+           'BATCH_DRIVERS', 'UsageError', 'notebook_parameters', 'plan_run', 'check_out_root', 'check_records_writable',
+           'destination', 'output_lock', 'executed_copy', 'progress_line', 'run_notebook', 'fresh_estimate',
+           'replay_seconds', 'longest_first', 'fresh_plan', 'fresh_budgets', 'check_backend_installed', 'scratch_env',
+           'read_run_meta', 'published_problems', 'write_summaries', 'refresh_readme', 'readme_command', 'reproduce',
+           'site_command', 'records_table', 'nominal_seconds', 'fresh_seconds', 'estimate_fresh_compute', 'lanes_wall',
            'save_fresh_estimate', 'records_command', 'server_check_failures', 'check_server_command', 'list_command',
            'params_command', 'main', 'batch_kernel', 'try_it']
 
@@ -149,50 +149,8 @@ def output_lock(root: Path, # the output root
     finally:
         f.close()
 
-# %% ../nbs/08_runner.ipynb #8c95cb2e
-def _replace_dir(src: Path, dest: Path) -> None:
-    "Move `src` to `dest`, replacing it; the old `dest` is removed only after the move succeeded."
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    old = dest.with_name(f'.{dest.name}.old')
-    if old.exists(): shutil.rmtree(old)
-    if dest.exists(): dest.rename(old)
-    shutil.move(str(src), str(dest))
-    if old.exists(): shutil.rmtree(old)
-
+# %% ../nbs/08_runner.ipynb #8c95cb2f
 KERNEL_HASHSEED = '0'  # string hashing in notebook kernels: fixed, so no run differs from another by set order
-
-# %% ../nbs/08_runner.ipynb #7340e2c5
-STAGING_OWNER = '.owner'   # in a staging folder: its run's pid, the file held locked (flock) while that run lives
-
-def _new_staging(out: Path, # the output root
-                 slug: str, # the chapter, part of the folder's name
-                ) -> tuple[Path, IO]: # the folder, and its owner file: keep it open while the run lives
-    "A staging folder of one run's own under `out`, with an owner file it holds locked (the lock ends with its process)."
-    staging = Path(tempfile.mkdtemp(prefix=f'.staging-{slug}-', dir=out))   # one per run: concurrent runs never share it
-    owner = open(staging / STAGING_OWNER, 'w')
-    fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    owner.write(f'{os.getpid()}\n'); owner.flush()
-    return staging, owner
-
-# %% ../nbs/08_runner.ipynb #4cf01a17
-LEGACY_STAGING_AGE = 86400.0   # seconds: a staging folder without an owner file (older runners) is stale after a day unchanged
-
-def clean_stale_staging(root: Path, # an output root (the runner holds its lock)
-                       ) -> list[Path]: # the folders removed
-    "Remove the staging folders of runs that are gone (owner file not locked; without one, unchanged for a day); never a live run's."
-    removed = []
-    for d in sorted(p for p in root.glob('.staging-*') if p.is_dir()):
-        owner = d / STAGING_OWNER
-        try:
-            if owner.exists():
-                with open(owner) as f:
-                    try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    except BlockingIOError: continue   # its run holds the lock: alive
-                    shutil.rmtree(d, ignore_errors=True)
-            elif time.time() - d.stat().st_mtime > LEGACY_STAGING_AGE: shutil.rmtree(d, ignore_errors=True)
-        except OSError: continue   # vanished or unreadable: not ours to judge
-        if not d.exists(): removed.append(d)
-    return removed
 
 # %% ../nbs/08_runner.ipynb #21d3cc80
 def executed_copy(root: Path, # the output root
@@ -249,7 +207,7 @@ def run_notebook(slug: str, # paper slug
     "Execute one paper notebook in its own staging folder; publish its outputs and executed copy only if it succeeds. Returns 'ok' or the error."
     import papermill as pm
     nb = CHAPTERS[slug].notebook
-    staging, owner = _new_staging(out, slug)
+    staging, owner = new_staging(out, slug)
     executed = staging / 'executed' / nb   # staged like the tables: published with them or not at all
     executed.parent.mkdir()
     prog, stop = staging / 'progress.json', threading.Event()
@@ -271,7 +229,7 @@ def run_notebook(slug: str, # paper slug
     try:
         if status == 'ok':
             for kind in ('reports', 'figures'):
-                if (staging / kind / slug).exists(): _replace_dir(staging / kind / slug, out / kind / slug)
+                if (staging / kind / slug).exists(): replace_dir(staging / kind / slug, out / kind / slug)
         if status == 'ok' and executed.exists():
             try: write_reader_notebook(executed, slug, out)   # findings first, plumbing folded, table digests (07b_pages)
             except Exception as e: print(f"rag-lab: {slug}: executed chapter kept as papermill wrote it ({type(e).__name__}: {e})", file=sys.stderr)

@@ -173,7 +173,7 @@ def test_a_killed_runs_staging_folder_is_removed_by_the_next_run(tmp_path):
     assert left[0].name in r.stdout and old.name in r.stdout, r.stdout   # says what it removed
 
 def test_a_live_runs_staging_folder_is_never_removed(tmp_path):
-    from rag_lab.runner import _new_staging, clean_stale_staging
+    from rag_lab.config import new_staging as _new_staging, clean_stale_staging
     out = tmp_path / 'out'; out.mkdir()
     live, owner = _new_staging(out, 'verirag')   # a run of this process, alive
     fresh = out / '.staging-rag2-justmade'; fresh.mkdir()   # no owner file yet, but new: may be a run starting
