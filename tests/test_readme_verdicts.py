@@ -70,7 +70,7 @@ def fake_repo(tmp_path, monkeypatch):
     monkeypatch.chdir(repo)   # repo_root() is this checkout
     monkeypatch.delenv('RAG_LAB_OUT', raising=False)
     monkeypatch.setenv('RAG_LAB_RECORDS_DIR', str(tmp_path / 'records'))
-    def run_all(plan, profile, nbs_dir, root, progress, env, jobs, envs=None):   # instead of papermill: the committed tables, published
+    def run_all(plan, profile, nbs_dir, root, progress, env, jobs, envs=None, replaying=()):   # instead of papermill: the committed tables, published
         shutil.copytree(REPO / 'reports' / 'rag2', root / 'reports' / 'rag2', dirs_exist_ok=True)
         return {s: 'ok' for s in plan}
     monkeypatch.setattr(runner, '_run_all', run_all)
