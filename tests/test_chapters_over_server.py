@@ -3,10 +3,11 @@ paper-scale command of the README validated and run once against that server at 
 
 One llama-server (built from the llama.cpp sources the pinned llama-cpp-python vendors, cached; the module is skipped
 only where it cannot be built) serves the smoke GGUF under the smoke profile's model name, so a chapter's run is given
-nothing but `-p backend=llamaserver -p base_url=...`. Every call is computed: the runs get a fresh LLM cache
+nothing but `-p backend=llamaserver -p base_url=...`. Nothing is replayed: the runs get a fresh LLM cache
 (RAG_LAB_CACHE; the model and embedding caches are shared) and records off (RAG_LAB_RECORDS=off), or, for the smoke
 runs, an empty records folder of their own that they record into: nothing is replayed from the committed records and
-nothing is written to them. Each chapter's smoke run keeps items in flight (workers=2) and is held to the committed smoke
+nothing is written to them (a smoke run computes a third of each stage's calls and reads the others' local results from
+its own cache, seeded for it). Each chapter's smoke run keeps items in flight (workers=2) and is held to the committed smoke
 records that the local backend made one call at a time, so one run per chapter tests both the server route and the
 items in flight. The chapters come from the registry: every chapter whose parameters are `LLMParams` calls an LLM, so a
 chapter added later is covered without editing this file."""
@@ -68,10 +69,12 @@ def _run(served, capsys, profile: str, slug: str, params: list[str], out: Path, 
     return meta | {'server_requests': _completions(served) - before}
 
 
-def _check_outputs(meta: dict, out: Path, slug: str, backend: str, base_url: str) -> None:
-    "Every call computed, through the server; every table written; every headline item answered."
+def _check_outputs(meta: dict, out: Path, slug: str, backend: str, base_url: str, seeded: int = 0) -> None:
+    "Every call computed through the server, but those of the `seeded` ones the run asked for (read from its cache); "
+    "every table written; every headline item answered."
     calls = meta['llm_calls']
-    assert calls['computed'] == calls['distinct'] > 0 and calls['record'] == calls['cache'] == 0, calls
+    assert calls['computed'] + calls['cache'] == calls['distinct'] and calls['computed'] > 0 and calls['record'] == 0, calls
+    assert calls['cache'] <= seeded, (calls, seeded)
     assert meta['server_requests'] >= calls['computed'], (meta['server_requests'], calls)
     assert (meta['params']['backend'], meta['params']['base_url']) == (backend, base_url)
     llms = [m for m in meta['models'].values() if m.split(':')[0] in ('llamacpp', 'transformers', *SERVER_BACKENDS)]
@@ -189,6 +192,47 @@ def _by_request(records) -> dict[str, dict]:
     return {LLMCache.key(**{k: v for k, v in r['request'].items() if k not in ('backend', 'model')}): r for r in records}
 
 
+COMPUTED_EVERY = 3   # of a stage's local calls, the 1st, 4th, 7th, ... are computed over the server; the rest are seeded
+
+
+def _stage(request: dict) -> tuple:
+    "Which stage a call belongs to, as far as its request tells: its kind, its prompt's opening, the last line of its "
+    "prefix (a prefix may quote a generation before the answer's cue) and its options."
+    ctx = request.get('messages', request.get('context'))
+    opening = ctx[0]['content'] if isinstance(ctx, list) else ctx
+    cue = (request.get('prefix') or '').rsplit('\n', 1)[-1]
+    return request['kind'], opening[:120], cue, tuple(request.get('options') or ())
+
+
+def test_every_stage_keeps_a_computed_call():
+    "Each stage's first call (by key) is computed, then every COMPUTED_EVERY-th; a stage of one call is computed whole."
+    rec = lambda kind, text, n: {f'{kind}{text}{i}': dict(request=dict(kind=kind, context=text + str(i))) for i in range(n)}
+    local = rec('choice', 'Verdict? ' * 20, 7) | rec('chat', 'Why?', 1)
+    computed = _to_compute(local)
+    assert len(computed) == 3 + 1 and 'chatWhy?0' in computed
+    assert {_stage(local[k]['request']) for k in computed} == {_stage(r['request']) for r in local.values()}
+
+
+def _to_compute(local: dict[str, dict]) -> set[str]:
+    "The keys (of `_by_request`) of the local calls a run over the server must compute: every stage's share."
+    stages: dict[tuple, list[str]] = {}
+    for k in sorted(local): stages.setdefault(_stage(local[k]['request']), []).append(k)
+    return {k for keys in stages.values() for k in keys[::COMPUTED_EVERY]}
+
+
+def _seed_cache(local: dict[str, dict], keep: set[str], backend: str, fingerprint: str) -> int:
+    """Put the local calls outside `keep` into the run's (fresh) LLM cache under the keys the server backend gives the
+    same requests, so that the run computes only `keep` and the calls no local record holds; returns how many."""
+    from rag_lab.calls import LLMCache
+    cache, n = LLMCache(cache_root() / 'llm' / 'calls.sqlite'), 0
+    for k, r in local.items():
+        if k in keep: continue
+        assert LLMCache.key(**r['request']) == r['key'], f'record {r["key"][:12]} is not keyed by its request'
+        req = r['request'] | dict(backend=backend, model=fingerprint)
+        cache.put(LLMCache.key(**req), r['value'] | dict(backend=backend), 'on', req['kind'], backend, fingerprint); n += 1
+    return n
+
+
 @pytest.mark.parametrize('slug', [pytest.param(s, marks=_own_group(s, *([pytest.mark.xfail(strict=True, reason=XFAIL[s])] if s in XFAIL else [])))
                                   for s in LLM_CHAPTERS])
 def test_every_llm_chapter_runs_its_smoke_profile_over_the_server_with_items_in_flight(slug, served, fresh_env, tmp_path, capsys):
@@ -196,16 +240,24 @@ def test_every_llm_chapter_runs_its_smoke_profile_over_the_server_with_items_in_
     server's slots) where the chapter keeps items in flight, against the committed smoke records that the local backend
     made one call at a time (the suite's one sequential reference: a second, sequential run over the server would only
     repeat them, since one request at a time the server agrees with the local backend within 1e-3 nats,
-    test_llama_server.py). Every call is recorded into an empty records folder (nothing to replay) and matched to the
-    local records by its request without backend and model: at least 90% of the local calls that quote no earlier
-    generation made again (a generation that rounds to other text changes the later requests that quote it); every call made again with
-    log-probabilities within BATCHED_NATS and, off near ties (a margin over twice that), the same option chosen; every
-    table written and every headline item answered; and the server seen computing two requests at once."""
+    test_llama_server.py). Every stage computes a share of its calls over the server (`_to_compute`: its first call and
+    every COMPUTED_EVERY-th after it); the run reads the local results of the others from its own LLM cache, seeded under
+    the server backend's keys, so every stage, every request kind and the items in flight go through the server at a
+    third of the compute, and a seeded generation keeps the later requests that quote it as the local run made them.
+    Every call is recorded into an empty records folder (nothing to replay) and matched to the local records by its
+    request without backend and model: the calls computed are exactly those not seeded; at least 90% of the calls to
+    compute that quote no earlier generation made again (a generation that rounds to other text changes the later
+    requests that quote it), every stage among them computed; every call made again with log-probabilities within
+    BATCHED_NATS and, off near ties (a margin over twice that), the same option chosen; every table written and every
+    headline item answered; and the server seen computing two requests at once."""
     from rag_lab.calls import _chosen
     from rag_lab.server import SlotWatch
     from conftest import records_in, used_records
+    from rag_lab.llm import LlamaServerLLM
     local = _by_request(used_records(slug, 'smoke'))
     assert local, f"no committed smoke records for {slug}: run `rag-lab reproduce --profile smoke --only {slug} --record`"
+    compute = _to_compute(local)
+    seeded = _seed_cache(local, compute, 'llamaserver', LlamaServerLLM(SMOKE_LLM['model'], base_url=served.base_url).fingerprint)
     workers = 2 if slug in CONCURRENT else 1
     params = ['backend=llamaserver', f'base_url={served.base_url}', *([f'workers={workers}'] if slug in CONCURRENT else [])]
     with pytest.MonkeyPatch.context() as mp:
@@ -213,22 +265,27 @@ def test_every_llm_chapter_runs_its_smoke_profile_over_the_server_with_items_in_
         with SlotWatch(served.base_url) as watch:
             meta = _run(served, capsys, 'smoke', slug, params, tmp_path / 'out', record=True)
     assert meta['params']['answer_mode'] == 'scored' and meta['params'].get('workers', 1) == workers
-    _check_outputs(meta, tmp_path / 'out', slug, 'llamaserver', served.base_url)
+    _check_outputs(meta, tmp_path / 'out', slug, 'llamaserver', served.base_url, seeded)
     items = pd.read_csv(tmp_path / 'out' / 'reports' / slug / 'items_headline.csv', low_memory=False)
     assert items.option_logprobs.notna().any()   # scored: the options' log-probabilities came back from the server
     if workers > 1: assert watch.peak == 2, f'never two requests at once: {watch.peak} slots busy at most ({len(watch.busy)} polls)'
-    remote = _by_request(records_in(tmp_path / 'records' / slug / 'smoke'))
-    assert len(remote) == meta['llm_calls']['computed'], (len(remote), meta['llm_calls'])
-    again = sorted(local.keys() & remote.keys())
+    calls = meta['llm_calls']
+    remote = _by_request(records_in(tmp_path / 'records' / slug / 'smoke'))   # every call made: computed, or a seeded one
+    assert len(remote) == calls['computed'] + calls['cache'], (len(remote), calls)
+    made = {k: r for k, r in remote.items() if k in compute or k not in local}   # what the server computed
+    assert len(made) == calls['computed'], (len(made), calls)
+    again = sorted(compute & remote.keys())
     # a generation that rounds to other text changes the later requests that quote it (14 of 18 Reason and Verify
     # rationales did on 2026-12-02: greedy decoding at near ties, two items batched); the calls that quote no
     # generation must be made again, whatever the rounding
-    fixed = _independent_of_generations(local.values())
+    fixed = _independent_of_generations(local.values()) & compute
     fixed_again = fixed & remote.keys()
-    assert len(fixed) >= 0.2 * len(local), (len(fixed), len(local))
+    assert len(fixed) >= 0.2 * len(compute), (len(fixed), len(compute))
     assert len(fixed_again) >= 0.9 * len(fixed), (
-        f'only {len(fixed_again)} of the local run\'s {len(fixed)} calls that quote no generation were made again '
-        f'over the server ({len(again)} of all {len(local)} local calls; {len(remote)} calls made)')
+        f'only {len(fixed_again)} of the {len(fixed)} calls to compute that quote no generation were made again '
+        f'over the server ({len(again)} of all {len(compute)} to compute; {len(made)} calls computed)')
+    missed = {_stage(local[k]['request']) for k in fixed} - {_stage(r['request']) for r in made.values()}
+    assert not missed, f'stages never computed over the server: {sorted(m[:2] for m in missed)}'
     largest, same_text, chats = 0.0, 0, 0
     for k in again:
         req, a, b = local[k]['request'], local[k]['value'], remote[k]['value']
@@ -240,6 +297,7 @@ def test_every_llm_chapter_runs_its_smoke_profile_over_the_server_with_items_in_
         top = sorted(la, reverse=True)
         if req['kind'] == 'choice' and (len(top) < 2 or top[0] - top[1] > 2 * BATCHED_NATS):   # batching cannot flip it
             assert _chosen(la) == _chosen(lb), (k[:12], a['options'], la, lb)
-    print(f"\n{slug}: {meta['llm_calls']['computed']} calls over the server in {meta['wall_seconds']:.0f} s with {workers} in flight "
-          f"({meta['server_requests']} requests, {watch.peak} slots busy at most); {len(again)} of the local run's {len(local)} "
-          f"calls made again ({len(fixed_again)} of the {len(fixed)} that quote no generation), {same_text} of {chats} generations the same text; largest log-probability difference {largest:.4f} nats")
+    print(f"\n{slug}: {calls['computed']} calls over the server in {meta['wall_seconds']:.0f} s with {workers} in flight "
+          f"({meta['server_requests']} requests, {watch.peak} slots busy at most; {calls['cache']} of {seeded} seeded calls read); "
+          f"{len(again)} of the {len(compute)} local calls to compute made again ({len(fixed_again)} of the {len(fixed)} that "
+          f"quote no generation), {same_text} of {chats} generations the same text; largest log-probability difference {largest:.4f} nats")
