@@ -24,6 +24,37 @@ def pytest_collection_modifyitems(config, items):
         if any(fd.scope in SHARED_SCOPES and fd.baseid for fds in info.name2fixturedefs.values() for fd in fds):
             item.add_marker(pytest.mark.xdist_group(item.path.name))
 
+LOADGROUP_BROKEN_FROM = (9, 2)   # pytest 9.2 drops pytest-xdist's group suffix on node ids (pytest-xdist issue 1386)
+
+def _refuse_ungrouped(why: str) -> None:
+    raise pytest.UsageError(f"--dist loadgroup cannot group the tests here: {why}. Every group would be spread over the "
+                            f"workers without a word, each building the shared fixtures again: install pytest<9.2 "
+                            f"(settings.ini pins it), or run without -n")
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    "On the controller: a pytest known to drop the group suffix is refused before any worker starts."
+    version = tuple(int(x) for x in pytest.__version__.split('.')[:2] if x.isdigit())
+    if config.getoption('dist', 'no') == 'loadgroup' and version >= LOADGROUP_BROKEN_FROM:
+        _refuse_ungrouped(f"pytest {pytest.__version__} drops pytest-xdist's group suffix (pytest-xdist issue 1386)")
+
+def pytest_collection_finish(session):
+    "On a worker under `--dist loadgroup`: every grouped test's node id carries its group (xdist's `@group` suffix, what "
+    "the scheduler groups by), whatever else might drop it."
+    if not getattr(session.config.option, 'loadgroup', False): return   # set on the workers only
+    lost = [i.nodeid for i in session.items if i.get_closest_marker('xdist_group') and '@' not in i.nodeid]
+    if lost: _refuse_ungrouped(f"{len(lost)} grouped test(s) lack pytest-xdist's group suffix, e.g. {lost[0]}")
+
+# chapters whose runs spend most of their time encoding their corpus with MiniLM (embeddings cached by text under
+# .cache/embeddings): the tests that run them share one xdist group, so one worker runs them one after another and
+# encodes each text once; on two workers at once, both would encode it (a clean CI measured the class benchmark's
+# reason_verify replay at 300 s beside the others, 39 s after them)
+CORPUS_ENCODERS = ('reason_verify', 'rag2')
+
+def shares_corpus(slug: str) -> list:
+    "The marks of a test that runs chapter `slug`: its corpus's xdist group for the CORPUS_ENCODERS, else none."
+    return [pytest.mark.xdist_group(f'corpus-{slug}')] if slug in CORPUS_ENCODERS else []
+
 @pytest.fixture
 def repo() -> Path:
     return REPO

@@ -3,6 +3,7 @@
 import json, math
 from pathlib import Path
 import pytest
+from conftest import shares_corpus
 from rag_lab.bench import FRESH_STAGES, check_fresh, fresh_cache, fresh_result, stage_seconds
 
 REPO = Path(__file__).resolve().parents[1]
@@ -115,6 +116,7 @@ def test_a_broken_class_record_is_refused(edit, message):
     with pytest.raises(ValueError, match=message): check_class(edit(r))
 
 
+@shares_corpus('reason_verify')[0]   # beside the other reason_verify runs' worker it would encode the corpus again
 def test_the_class_benchmark_times_a_real_replay_of_the_teaching_path(tmp_path):
     "One chapter of the class profile through `python -m rag_lab.bench class`: a valid record, every call replayed. The "
     "same run is the teaching path's test (its outputs kept): `--profile class` replays the default records for 20 items "

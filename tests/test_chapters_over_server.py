@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import readme_reproduce_commands
+from conftest import readme_reproduce_commands, shares_corpus
 from rag_lab.config import PROFILES, LLMParams, SERVER_BACKENDS, SMOKE_LLM, cache_root, param_schema, resolve_params
 from rag_lab.models import embedded_model_path
 from rag_lab.papers import CHAPTERS
@@ -233,7 +233,7 @@ def _seed_cache(local: dict[str, dict], keep: set[str], backend: str, fingerprin
     return n
 
 
-@pytest.mark.parametrize('slug', [pytest.param(s, marks=_own_group(s, *([pytest.mark.xfail(strict=True, reason=XFAIL[s])] if s in XFAIL else [])))
+@pytest.mark.parametrize('slug', [pytest.param(s, marks=(shares_corpus(s) or _own_group(s)) + ([pytest.mark.xfail(strict=True, reason=XFAIL[s])] if s in XFAIL else []))
                                   for s in LLM_CHAPTERS])
 def test_every_llm_chapter_runs_its_smoke_profile_over_the_server_with_items_in_flight(slug, served, fresh_env, tmp_path, capsys):
     """The chapter's smoke profile over the server in scored mode, computing every call, with workers=2 (both of the

@@ -13,6 +13,7 @@ import pytest
 from rag_lab.config import LLMParams
 from rag_lab.papers import PAPERS
 from rag_lab.report import without_wall_time
+from conftest import shares_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -71,7 +72,7 @@ def _recorded_digests(folder: Path) -> dict[str, str]:
     return dict(reversed(l.split('  ', 1)) for l in (folder / 'tables.sha256').read_text().splitlines())
 
 
-@pytest.mark.parametrize('nb,slug', [(PAPERS[s].notebook, s) for s in LLM_SLUGS])
+@pytest.mark.parametrize('nb,slug', [pytest.param(PAPERS[s].notebook, s, marks=shares_corpus(s)) for s in LLM_SLUGS])
 def test_llm_notebook_replays_its_smoke_records_on_a_clean_checkout_identically_under_two_hash_seeds(nb, slug, tmp_path):
     "A fresh clone (no LLM cache, its own code and records) runs the chapter's smoke profile with papermill under two "
     "string-hash seeds at once: no call is computed, every table and figure is the same bytes in both runs (wall-time "
@@ -100,7 +101,7 @@ NBDEV_TESTED_THERE = ('20_claim_aware.ipynb', *(PAPERS[s].notebook for s in LLM_
 QUICK_DEFAULT_REPLAYS = tuple(s for s in LLM_SLUGS if s != 'rag2')
 
 
-@pytest.mark.parametrize('slug', QUICK_DEFAULT_REPLAYS)
+@pytest.mark.parametrize('slug', [pytest.param(s, marks=shares_corpus(s)) for s in QUICK_DEFAULT_REPLAYS])
 def test_default_records_replay_on_a_clean_checkout_to_the_published_tables(tmp_path, slug):
     "The published default run of an LLM chapter replays on a fresh clone, computing no call, to its published tables."
     from rag_lab.report import table_digests
