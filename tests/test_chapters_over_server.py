@@ -224,7 +224,7 @@ def _seed_cache(local: dict[str, dict], keep: set[str], backend: str, fingerprin
     """Put the local calls outside `keep` into the run's (fresh) LLM cache under the keys the server backend gives the
     same requests, so that the run computes only `keep` and the calls no local record holds; returns how many."""
     from rag_lab.calls import LLMCache
-    cache, n = LLMCache(cache_root() / 'llm' / 'calls.sqlite'), 0
+    cache, n = LLMCache(), 0   # the run's own: fresh_env points RAG_LAB_CACHE at it
     for k, r in local.items():
         if k in keep: continue
         assert LLMCache.key(**r['request']) == r['key'], f'record {r["key"][:12]} is not keyed by its request'
@@ -236,7 +236,7 @@ def _seed_cache(local: dict[str, dict], keep: set[str], backend: str, fingerprin
 @pytest.mark.parametrize('slug', [pytest.param(s, marks=(shares_corpus(s) or _own_group(s)) + ([pytest.mark.xfail(strict=True, reason=XFAIL[s])] if s in XFAIL else []))
                                   for s in LLM_CHAPTERS])
 def test_every_llm_chapter_runs_its_smoke_profile_over_the_server_with_items_in_flight(slug, served, fresh_env, tmp_path, capsys):
-    """The chapter's smoke profile over the server in scored mode, computing every call, with workers=2 (both of the
+    """The chapter's smoke profile over the server in scored mode, computing a third of each stage's calls, with workers=2 (both of the
     server's slots) where the chapter keeps items in flight, against the committed smoke records that the local backend
     made one call at a time (the suite's one sequential reference: a second, sequential run over the server would only
     repeat them, since one request at a time the server agrees with the local backend within 1e-3 nats,
@@ -252,8 +252,8 @@ def test_every_llm_chapter_runs_its_smoke_profile_over_the_server_with_items_in_
     headline item answered; and the server seen computing two requests at once."""
     from rag_lab.calls import _chosen
     from rag_lab.server import SlotWatch
-    from conftest import records_in, used_records
     from rag_lab.llm import LlamaServerLLM
+    from conftest import records_in, used_records
     local = _by_request(used_records(slug, 'smoke'))
     assert local, f"no committed smoke records for {slug}: run `rag-lab reproduce --profile smoke --only {slug} --record`"
     compute = _to_compute(local)
