@@ -32,6 +32,8 @@ $(REPLAY_STAMP): settings.ini setup.py tools/llama_cmake_args.sh
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e .
+	@# MiniLM's ONNX export, once, into the model cache (ONNX Runtime encodes 1.6x as fast as PyTorch on one core)
+	$(BIN)/python -c "from rag_lab.retrieval import minilm_path, onnx_checkpoint as o; print('MiniLM exported to ONNX:', o(minilm_path()))"
 	@t0=$$(cat $(VENV)/.replay-t0); rm -f $(VENV)/.replay-* && touch $@ && \
 	  echo "replay environment ready in $(VENV): installed in $$(( $$(date +%s) - t0 )) s"
 

@@ -10,16 +10,17 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
-from .config import atomic_write_bytes, cache_dir, quiet_loading, timed_stage
+from .config import atomic_write_bytes, cache_dir, cache_root, file_sha256, quiet_loading, timed_stage
 from .text import Corpus, TOKEN_PATTERN, jaccard, tokenize
-from .llm import limit_torch_threads
+from .llm import default_threads, limit_torch_threads
 from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['Run', 'BM25_METHODS', 'FEATURE_NAMES', 'as_queries', 'top_k', 'BM25Index', 'RankBM25Index', 'same_rankings', 'Vocab',
-           'ContrastiveDualEncoder', 'equal_length_batches', 'minilm_path', 'SentenceTransformerEncoder',
-           'checkpoint_source', 'FlagEncoder', 'cached_encode', 'DenseIndex', 'rrf', 'Reranker', 'fit_tfidf',
-           'FeatureReranker', 'CrossEncoderReranker', 'EmbeddingReranker', 'make_reranker', 'IndexReranker']
+           'ContrastiveDualEncoder', 'equal_length_batches', 'minilm_path', 'onnx_checkpoint',
+           'SentenceTransformerEncoder', 'checkpoint_source', 'FlagEncoder', 'cached_encode', 'DenseIndex', 'rrf',
+           'Reranker', 'fit_tfidf', 'FeatureReranker', 'CrossEncoderReranker', 'EmbeddingReranker', 'make_reranker',
+           'IndexReranker']
 
 # %% ../nbs/05_retrieval.ipynb #cc9e9675
 Run = dict[str, dict[str, float]]
@@ -250,18 +251,67 @@ def minilm_path() -> Path:
     if not (p / 'config.json').exists(): raise FileNotFoundError(f"no model files under {p}")
     return p
 
+
+# %% ../nbs/05_retrieval.ipynb #a6e1d0c2
+def onnx_checkpoint(model: str | Path, # a sentence-transformers model folder
+                   ) -> Path: # a folder with the same model and its ONNX graph, onnx/model.onnx
+    "`model` exported to ONNX once per machine (`cache_dir('models', 'onnx')`), keyed by its files and the exporters' versions."
+    import logging, shutil, tempfile, warnings
+    from importlib.metadata import version
+    from sentence_transformers import SentenceTransformer
+    from transformers.utils import logging as hf_logging
+    src = Path(model)
+    h = hashlib.sha256(' '.join(f'{p}=={version(p)}' for p in ('torch', 'transformers', 'sentence-transformers', 'optimum-onnx', 'onnx')).encode())
+    for f in sorted(f for f in src.rglob('*') if f.is_file() and 'onnx' not in f.relative_to(src).parts):
+        h.update(f"\n{f.relative_to(src)}:{file_sha256(f)}".encode())
+    dest = cache_root() / 'models' / 'onnx' / f'{src.name}-{h.hexdigest()[:16]}'
+    if (dest / 'onnx' / 'model.onnx').is_file(): return dest
+    staging = Path(tempfile.mkdtemp(prefix=f'.{dest.name}-', dir=cache_dir('models', 'onnx')))
+    st_log, hf_level = logging.getLogger('sentence_transformers'), hf_logging.get_verbosity()
+    st_level = st_log.level
+    try:
+        # the export's tracer warnings and its advice to save the export (done here) say nothing to the reader
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore'); st_log.setLevel(logging.ERROR); hf_logging.set_verbosity_error()
+            SentenceTransformer(str(src), device='cpu', backend='onnx').save_pretrained(str(staging))
+        try: staging.rename(dest)
+        except OSError: pass   # another process exported the same model first: its copy serves
+    finally:
+        st_log.setLevel(st_level); hf_logging.set_verbosity(hf_level)
+        shutil.rmtree(staging, ignore_errors=True)
+    return dest
+
+
+# %% ../nbs/05_retrieval.ipynb #a6e1d0c3
 class SentenceTransformerEncoder:
     "A sentence-transformers bi-encoder (default: the embedded all-MiniLM-L6-v2); a text's embedding never depends on its batch."
     def __init__(self, model: str | Path | None = None, # path or hub id; None = embedded MiniLM
                  batch_size: int = 64, max_seq_length: int | None = 256,
-                 query_prefix: str = '', doc_prefix: str = ''):
+                 query_prefix: str = '', doc_prefix: str = '',
+                 backend: str = 'onnx', # onnx: onnxruntime on the model's ONNX export (`onnx_checkpoint`); torch: sentence-transformers' PyTorch
+                 threads: int | None = None, # onnx's threads (None: `default_threads()`); torch always follows `default_threads()`
+                ):
         from sentence_transformers import SentenceTransformer
+        if backend not in ('onnx', 'torch'): raise ValueError(f"backend must be 'onnx' or 'torch', got {backend!r}")
+        if threads is not None and (backend != 'onnx' or threads < 1):
+            raise ValueError(f"threads={threads!r}: a positive count, for backend='onnx' only (torch follows default_threads(), "
+                             f"i.e. $RAG_LAB_LLM_THREADS)")
         limit_torch_threads()   # torch's default (every core) oversubscribes them when anything else computes
         path = str(model or minilm_path())
-        with quiet_loading(): self.model = SentenceTransformer(path, device='cpu')
+        with quiet_loading():
+            if backend == 'torch': self.model = SentenceTransformer(path, device='cpu')
+            else:
+                import onnxruntime
+                opts = onnxruntime.SessionOptions()
+                opts.intra_op_num_threads, opts.inter_op_num_threads = threads or default_threads(), 1
+                opts.add_session_config_entry('session.intra_op.allow_spinning', '0')   # idle threads leave the core to the other lane
+                local = Path(path).is_dir()   # a hub id is exported in memory by sentence-transformers, on every load
+                self.model = SentenceTransformer(str(onnx_checkpoint(path) if local else path), device='cpu', backend='onnx',
+                    model_kwargs=dict(session_options=opts, provider='CPUExecutionProvider', **({'file_name': 'onnx/model.onnx'} if local else {})))
         if max_seq_length: self.model.max_seq_length = max_seq_length
-        # the name keys the embedding cache, so it carries the truncation length
+        # the name (in tables) says which model and truncation; the cache key adds the backend, whose rows differ in the last bits
         self.name = f"{'all-MiniLM-L6-v2' if model is None else Path(str(model)).name}-L{self.model.max_seq_length}"
+        self.backend, self.cache_name = backend, self.name + ('-onnx' if backend == 'onnx' else '')
         self.batch_size, self.query_prefix, self.doc_prefix = batch_size, query_prefix, doc_prefix
         self.lock = threading.Lock()   # one encode at a time: the Rust tokenizer fails when two threads share it ("Already borrowed")
         dim = getattr(self.model, 'get_embedding_dimension', None) or self.model.get_sentence_embedding_dimension   # renamed in 5.x
@@ -337,7 +387,8 @@ def cached_encode(encoder, # anything with `name` and `encode(texts, is_query)`
     "Embeddings of `texts`; with `cache`, each text's row is read from / written to its own file under `cache_dir('embeddings')`."
     texts = list(texts)
     if not cache: return encoder.encode(texts, is_query=is_query)
-    folder = cache_dir('embeddings', re.sub(r'[^A-Za-z0-9_.-]', '_', encoder.name))
+    key = getattr(encoder, 'cache_name', encoder.name)   # an encoder whose rows depend on more than its name says
+    folder = cache_dir('embeddings', re.sub(r'[^A-Za-z0-9_.-]', '_', key))
     path = lambda t: folder / f"{'q' if is_query else 'd'}-{hashlib.sha256(t.encode()).hexdigest()}.npy"
     got = {t: np.load(path(t)) for t in dict.fromkeys(texts) if path(t).exists()}
     todo = [t for t in dict.fromkeys(texts) if t not in got]

@@ -229,3 +229,56 @@ def test_dense_index_encodes_only_what_is_scored_then_the_rest_once(tmp_path, mo
     np.testing.assert_array_equal(idx.doc_emb, eager.doc_emb)
     asked.clear(); again = DenseIndex(docs, Hashing())         # a new index over the same texts: all from the disk cache
     np.testing.assert_array_equal(again.doc_emb, eager.doc_emb); assert asked == []
+
+
+# --- the ONNX encoder path -----------------------------------------------------------------------------------------
+@pytest.fixture(scope='module')
+def tiny_sentence_model(tmp_path_factory):
+    "A random 2-layer BERT with mean pooling, saved as a sentence-transformers folder (no hub)."
+    import torch
+    from sentence_transformers import SentenceTransformer
+    try: from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    except ImportError: from sentence_transformers.models import Pooling, Transformer   # before 5.x moved them
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+    bert, st = tmp_path_factory.mktemp('tiny_bert'), tmp_path_factory.mktemp('tiny_st')
+    words = sorted({t for d in DOCS for t in tokenize(d)} | {'title', *map(str, range(8))})
+    (bert / 'vocab.txt').write_text('\n'.join(['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]', *words]))
+    BertTokenizerFast(vocab_file=str(bert / 'vocab.txt')).save_pretrained(bert)
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=len(words) + 5, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=64)).save_pretrained(bert)
+    word = Transformer(str(bert), max_seq_length=48)
+    dim = getattr(word, 'get_embedding_dimension', None) or word.get_word_embedding_dimension   # renamed in 5.x
+    SentenceTransformer(modules=[word, Pooling(dim())], device='cpu').save(str(st))
+    return st
+
+
+def test_the_onnx_export_is_made_once_per_model_and_encodes_as_torch_does(tiny_sentence_model, tmp_path, monkeypatch):
+    "onnx_checkpoint exports into the cache once, keyed by the model's files (an edited model gets its own export); the "
+    "ONNX encoder's rows are PyTorch's to rounding, the same bits on any batch and thread count, in a cache of their own."
+    import shutil
+    from rag_lab.retrieval import SentenceTransformerEncoder, onnx_checkpoint
+    monkeypatch.setenv('RAG_LAB_CACHE', str(tmp_path / 'cache'))
+    first = onnx_checkpoint(tiny_sentence_model)
+    assert first.is_relative_to(tmp_path / 'cache' / 'models' / 'onnx') and (first / 'onnx' / 'model.onnx').is_file()
+    stamp = (first / 'onnx' / 'model.onnx').stat().st_mtime_ns
+    assert onnx_checkpoint(tiny_sentence_model) == first and (first / 'onnx' / 'model.onnx').stat().st_mtime_ns == stamp
+    assert not [p for p in first.parent.iterdir() if p.name.startswith('.')]   # no staging folder left behind
+    edited = tmp_path / 'edited'
+    shutil.copytree(tiny_sentence_model, edited)
+    (edited / 'config_sentence_transformers.json').write_text((edited / 'config_sentence_transformers.json').read_text() + ' ')
+    assert onnx_checkpoint(edited) != first
+    onnx = SentenceTransformerEncoder(tiny_sentence_model, max_seq_length=48)
+    torch_enc = SentenceTransformerEncoder(tiny_sentence_model, max_seq_length=48, backend='torch')
+    rows = onnx.encode(DOCS)
+    np.testing.assert_allclose(rows, torch_enc.encode(DOCS), atol=1e-5)
+    np.testing.assert_array_equal(np.concatenate([onnx.encode(DOCS[:3]), onnx.encode(DOCS[3:])]), rows)
+    np.testing.assert_array_equal(SentenceTransformerEncoder(tiny_sentence_model, max_seq_length=48, threads=2).encode(DOCS), rows)
+    assert onnx.name == torch_enc.name and onnx.cache_name != torch_enc.cache_name
+
+
+@pytest.mark.parametrize('kwargs, message', [(dict(backend='tf'), "'onnx' or 'torch'"), (dict(backend='torch', threads=2), "backend='onnx' only"),
+                                             (dict(threads=0), 'positive')])
+def test_an_impossible_encoder_backend_is_refused_before_loading(kwargs, message):
+    from rag_lab.retrieval import SentenceTransformerEncoder
+    with pytest.raises(ValueError, match=message): SentenceTransformerEncoder('/nonexistent/model', **kwargs)
