@@ -117,6 +117,7 @@ def test_a_broken_class_record_is_refused(edit, message):
 
 
 @shares_corpus('reason_verify')[0]   # beside the other reason_verify runs' worker it would encode the corpus again
+@pytest.mark.warm_corpus
 def test_the_class_benchmark_times_a_real_replay_of_the_teaching_path(tmp_path):
     "One chapter of the class profile through `python -m rag_lab.bench class`: a valid record, every call replayed. The "
     "same run is the teaching path's test (its outputs kept): `--profile class` replays the default records for 20 items "
