@@ -741,7 +741,7 @@ class PubMedClient:
     "NCBI E-utilities client (esearch/efetch) with rate limiting, retries and clear errors."
     def __init__(self, base_url: str = NCBI_EUTILS, # e.g. LocalEutilsServer.base_url
                  api_key: str | None = None, # default: $NCBI_API_KEY
-                 requests_per_second: float | None = None, # default: NCBI policy, 3 (10 with an API key)
+                 requests_per_second: float | None = None, # default: NCBI policy, 3 (10 with an API key); math.inf: none (a local service)
                  retries: int = 3, backoff: float = 0.5,
                  timeout: float = 30, # seconds for one whole request (connect, send, every read): a slow drip cannot stall
                  max_bytes: int = 50_000_000, # largest answer accepted
