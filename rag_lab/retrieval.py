@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
-from .config import atomic_write_bytes, cache_dir, cache_root, file_sha256, quiet_loading, timed_stage
+from .config import atomic_write_bytes, cache_dir, quiet_loading, timed_stage
 from .text import Corpus, TOKEN_PATTERN, jaccard, tokenize
 from .llm import default_threads, limit_torch_threads
+from .models import checkpoint_fingerprint
 from fastcore.basics import patch
 
 # %% auto #0
@@ -260,13 +261,12 @@ def onnx_checkpoint(model: str | Path, # a sentence-transformers model folder
     from importlib.metadata import version
     from sentence_transformers import SentenceTransformer
     from transformers.utils import logging as hf_logging
-    src = Path(model)
-    h = hashlib.sha256(' '.join(f'{p}=={version(p)}' for p in ('torch', 'transformers', 'sentence-transformers', 'optimum-onnx', 'onnx')).encode())
-    for f in sorted(f for f in src.rglob('*') if f.is_file() and 'onnx' not in f.relative_to(src).parts):
-        h.update(f"\n{f.relative_to(src)}:{file_sha256(f)}".encode())
-    dest = cache_root() / 'models' / 'onnx' / f'{src.name}-{h.hexdigest()[:16]}'
+    src, root = Path(model), cache_dir('models', 'onnx')
+    versions = ' '.join(f'{p}=={version(p)}' for p in ('torch', 'transformers', 'sentence-transformers', 'optimum-onnx', 'onnx'))
+    key = hashlib.sha256(f'{versions}\n{checkpoint_fingerprint(src)}'.encode()).hexdigest()[:16]   # files hashed once per process
+    dest = root / f'{src.name}-{key}'
     if (dest / 'onnx' / 'model.onnx').is_file(): return dest
-    staging = Path(tempfile.mkdtemp(prefix=f'.{dest.name}-', dir=cache_dir('models', 'onnx')))
+    staging = Path(tempfile.mkdtemp(prefix=f'.{dest.name}-', dir=root))
     st_log, hf_level = logging.getLogger('sentence_transformers'), hf_logging.get_verbosity()
     st_level = st_log.level
     try:
