@@ -6,7 +6,7 @@ only where it cannot be built) serves the smoke GGUF under the smoke profile's m
 nothing but `-p backend=llamaserver -p base_url=...`. Nothing is replayed: the runs get a fresh LLM cache
 (RAG_LAB_CACHE; the model and embedding caches are shared) and records off (RAG_LAB_RECORDS=off), or, for the smoke
 runs, an empty records folder of their own that they record into: nothing is replayed from the committed records and
-nothing is written to them (a smoke run computes a third of each stage's calls and reads the others' local results from
+nothing is written to them (a smoke run computes three of each stage's calls and reads the others' local results from
 its own cache, seeded for it). Each chapter's smoke run keeps items in flight (workers=2) and is held to the committed smoke
 records that the local backend made one call at a time, so one run per chapter tests both the server route and the
 items in flight. The chapters come from the registry: every chapter whose parameters are `LLMParams` calls an LLM, so a
@@ -117,13 +117,20 @@ def test_every_paper_scale_command_in_the_readme_is_accepted_before_any_work():
         plan_run(a.only, a.param, REPO / 'nbs', a.profile)   # raises UsageError when refused
 
 
+# size parameters that list the item sets a run covers: a command's check runs on the first set only (its protocol is
+# the same on every set; the smoke records' replays cover the others)
+ONE_SET = ('claim_sets', 'datasets')
+
+
 def _smoke_sized(a, base_url: str) -> list[str]:
-    "A paper-scale command's -p list pointed at the local server, with the smoke profile's values for its size."
+    "A paper-scale command's -p list pointed at the local server, with the smoke profile's values for its size (and "
+    "the first of the smoke profile's item sets)."
     slug = a.only[0]
     given = dict(p.split('=', 1) for p in a.param)
     paper, smoke = resolve_params(slug, 'paper').model_dump(), resolve_params(slug, 'smoke').model_dump()
     fmt = lambda v: 'None' if v is None else v if isinstance(v, str) else json.dumps(v)
     sized = {k: fmt(smoke[k]) for k in paper if k not in (*PROTOCOL, 'profile') and paper[k] != smoke[k]}
+    sized |= {k: sized[k].split(',')[0] for k in ONE_SET if k in sized}
     return [f'{k}={v}' for k, v in (given | sized | dict(base_url=base_url, model=SMOKE_LLM['model'])).items()]
 
 
@@ -192,7 +199,8 @@ def _by_request(records) -> dict[str, dict]:
     return {LLMCache.key(**{k: v for k, v in r['request'].items() if k not in ('backend', 'model')}): r for r in records}
 
 
-COMPUTED_EVERY = 3   # of a stage's local calls, the 1st, 4th, 7th, ... are computed over the server; the rest are seeded
+COMPUTED_PER_STAGE = 3   # of a stage's local calls, the first three by key (a pseudo-random draw) are computed over the server;
+                         # the rest are seeded
 
 
 def _stage(request: dict) -> tuple:
@@ -205,11 +213,11 @@ def _stage(request: dict) -> tuple:
 
 
 def test_every_stage_keeps_a_computed_call():
-    "Each stage's first call (by key) is computed, then every COMPUTED_EVERY-th; a stage of one call is computed whole."
+    "Each stage's first COMPUTED_PER_STAGE calls (by key) are computed; a stage of fewer calls is computed whole."
     rec = lambda kind, text, n: {f'{kind}{text}{i}': dict(request=dict(kind=kind, context=text + str(i))) for i in range(n)}
     local = rec('choice', 'Verdict? ' * 20, 7) | rec('chat', 'Why?', 1)
     computed = _to_compute(local)
-    assert len(computed) == 3 + 1 and 'chatWhy?0' in computed
+    assert len(computed) == COMPUTED_PER_STAGE + 1 and 'chatWhy?0' in computed
     assert {_stage(local[k]['request']) for k in computed} == {_stage(r['request']) for r in local.values()}
 
 
@@ -217,7 +225,7 @@ def _to_compute(local: dict[str, dict]) -> set[str]:
     "The keys (of `_by_request`) of the local calls a run over the server must compute: every stage's share."
     stages: dict[tuple, list[str]] = {}
     for k in sorted(local): stages.setdefault(_stage(local[k]['request']), []).append(k)
-    return {k for keys in stages.values() for k in keys[::COMPUTED_EVERY]}
+    return {k for keys in stages.values() for k in keys[:COMPUTED_PER_STAGE]}
 
 
 def _seed_cache(local: dict[str, dict], keep: set[str], backend: str, fingerprint: str) -> int:
@@ -236,14 +244,14 @@ def _seed_cache(local: dict[str, dict], keep: set[str], backend: str, fingerprin
 @pytest.mark.parametrize('slug', [pytest.param(s, marks=(shares_corpus(s) or _own_group(s)) + ([pytest.mark.xfail(strict=True, reason=XFAIL[s])] if s in XFAIL else []))
                                   for s in LLM_CHAPTERS])
 def test_every_llm_chapter_runs_its_smoke_profile_over_the_server_with_items_in_flight(slug, served, fresh_env, tmp_path, capsys):
-    """The chapter's smoke profile over the server in scored mode, computing a third of each stage's calls, with workers=2 (both of the
+    """The chapter's smoke profile over the server in scored mode, computing three of each stage's calls, with workers=2 (both of the
     server's slots) where the chapter keeps items in flight, against the committed smoke records that the local backend
     made one call at a time (the suite's one sequential reference: a second, sequential run over the server would only
     repeat them, since one request at a time the server agrees with the local backend within 1e-3 nats,
-    test_llama_server.py). Every stage computes a share of its calls over the server (`_to_compute`: its first call and
-    every COMPUTED_EVERY-th after it); the run reads the local results of the others from its own LLM cache, seeded under
+    test_llama_server.py). Every stage computes a share of its calls over the server (`_to_compute`: its first
+    COMPUTED_PER_STAGE calls by key); the run reads the local results of the others from its own LLM cache, seeded under
     the server backend's keys, so every stage, every request kind and the items in flight go through the server at a
-    third of the compute, and a seeded generation keeps the later requests that quote it as the local run made them.
+    fraction of the compute, and a seeded generation keeps the later requests that quote it as the local run made them.
     Every call is recorded into an empty records folder (nothing to replay) and matched to the local records by its
     request without backend and model: the calls computed are exactly those not seeded; at least 90% of the calls to
     compute that quote no earlier generation made again (a generation that rounds to other text changes the later

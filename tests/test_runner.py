@@ -156,28 +156,7 @@ def test_version_list_and_params(repo):
     assert r.returncode == 2 and 'unknown paper' in r.stderr
 
 
-def test_a_smoke_run_writes_to_scratch_and_leaves_git_status_clean(repo):
-    "Only the main job publishes: a smoke run writes under runs/ (git-ignored), says where, and changes nothing git sees."
-    import shutil
-    # where a run could write (other paths may be edited by people working in this checkout while the test runs)
-    def status():
-        lines = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=all'], cwd=repo, capture_output=True, text=True).stdout.splitlines()
-        return [l for l in lines if l[3:].startswith(('reports/', 'figures/', 'records/', 'runs/', 'data/'))
-                or (l.startswith('??') and l[3:].startswith('nbs/'))]   # a new file in nbs/ would be an executed copy
-    before = status()
-    r = _run('reproduce', '--profile', 'smoke', '--only', 'claim_aware', '--no-progress', cwd=repo)
-    try:
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-        line = next(l for l in r.stdout.splitlines() if l.startswith('writing to '))
-        dest = Path(line.split()[2])
-        assert dest.parent == repo / 'runs' and dest.name.endswith('-smoke') and 'scratch' in line
-        assert (dest / 'reports' / 'claim_aware' / 'table5.csv').exists() and (dest / 'reports' / 'index.md').exists()
-        assert json.loads((repo / 'reports' / 'claim_aware' / 'run_meta.json').read_text())['profile'] == 'default'
-        assert status() == before, (before, status())
-        assert '## Scorecard' in r.stdout and '| claim_aware |' in r.stdout   # printed at the end
-    finally:
-        for l in r.stdout.splitlines():
-            if l.startswith('writing to ') and '/runs/' in l: shutil.rmtree(l.split()[2], ignore_errors=True)
+# a smoke run writing to a scratch folder and leaving git status clean: tests/test_site.py, whose site is built from that run
 
 
 def test_the_users_llm_threads_reach_the_kernel(monkeypatch, tmp_path):

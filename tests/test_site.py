@@ -1,6 +1,6 @@
 """The website: built from a run's executed notebooks, opened in headless Chromium: every page loads, no broken link
 or image, no console error, nothing fetched from outside the site. Two screenshots are kept as test artefacts."""
-import functools, http.server, os, re, shutil, socketserver, subprocess, sys, threading
+import functools, http.server, json, os, re, shutil, socketserver, subprocess, sys, threading
 from pathlib import Path
 import pandas as pd
 from urllib.parse import urljoin, urlparse
@@ -14,13 +14,46 @@ CHROME_FLAGS = ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-r
                 '--disable-component-update', '--disable-sync']
 
 
+def _git_visible(repo: Path) -> list[str]:
+    "What git shows changed where a run could write (other paths may be edited by people working in this checkout "
+    "while the tests run); a new file in nbs/ would be an executed copy."
+    lines = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=all'], cwd=repo, capture_output=True, text=True).stdout.splitlines()
+    return [l for l in lines if l[3:].startswith(('reports/', 'figures/', 'records/', 'runs/', 'data/'))
+            or (l.startswith('??') and l[3:].startswith('nbs/'))]
+
+
 @pytest.fixture(scope='module')
-def site(tmp_path_factory):
-    "A smoke run of two chapters (one without and one with an LLM), built into a site."
-    out = tmp_path_factory.mktemp('site-run')
-    r = subprocess.run([str(BIN / 'rag-lab'), 'reproduce', '--profile', 'smoke', '--only', 'claim_aware', 'verirag',
-                        '--out', str(out), '--no-progress'], capture_output=True, text=True, timeout=1500, cwd=REPO)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+def scratch_run():
+    """A smoke run of two chapters (one without and one with an LLM) as a user makes one, `rag-lab reproduce --profile
+    smoke` in the repository with no --out: the site below is built from it, and it is held to writing into a scratch
+    folder (one run for both: each would otherwise replay the same chapters). Yields the run's printout, its folder and
+    what git showed before and after it; the folder is removed afterwards."""
+    before = _git_visible(REPO)
+    r = subprocess.run([str(BIN / 'rag-lab'), 'reproduce', '--profile', 'smoke', '--only', 'claim_aware', 'verirag', '--no-progress'],
+                       capture_output=True, text=True, timeout=1500, cwd=REPO)
+    dests = [Path(l.split()[2]) for l in r.stdout.splitlines() if l.startswith('writing to ') and '/runs/' in l]
+    try:
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        yield r, dests[0], before, _git_visible(REPO)
+    finally:
+        for d in dests: shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_smoke_run_writes_to_scratch_and_leaves_git_status_clean(scratch_run):
+    "Only the main job publishes: a smoke run writes under runs/ (git-ignored), says where, and changes nothing git sees."
+    r, dest, before, after = scratch_run
+    line = next(l for l in r.stdout.splitlines() if l.startswith('writing to '))
+    assert dest.parent == REPO / 'runs' and dest.name.endswith('-smoke') and 'scratch' in line, line
+    assert (dest / 'reports' / 'claim_aware' / 'table5.csv').exists() and (dest / 'reports' / 'index.md').exists()
+    assert json.loads((REPO / 'reports' / 'claim_aware' / 'run_meta.json').read_text())['profile'] == 'default'
+    assert after == before, (before, after)
+    assert '## Scorecard' in r.stdout and '| claim_aware |' in r.stdout   # printed at the end
+
+
+@pytest.fixture(scope='module')
+def site(scratch_run):
+    "The scratch run's website."
+    out = scratch_run[1]
     r = subprocess.run([str(BIN / 'rag-lab'), 'site', '--out', str(out)], capture_output=True, text=True, timeout=900, cwd=REPO)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return out / 'reports' / 'site' / '_build' / 'html'
