@@ -221,10 +221,13 @@ def index_bootstrap_ci(n: int, # items (or clusters) to resample
 # %% ../nbs/06_metrics.ipynb #990dbcc3
 def _auroc(score: np.ndarray, positive: np.ndarray) -> float:
     "AUROC from ranks (Mann-Whitney, ties count half): scikit-learn's `roc_auc_score`, fast enough to bootstrap."
-    from scipy.stats import rankdata
     n1 = int(positive.sum()); n0 = len(positive) - n1
-    if not n1 or not n0: return float('nan')
-    return float((rankdata(score)[positive].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+    if not n1 or not n0 or np.isnan(score).any(): return float('nan')
+    # a positive's average rank is (lo + hi + 1) / 2 (lo, hi: scores below it, and not above it), so twice the rank sum is
+    # an integer: the value is exact, the same bits as scipy's `rankdata` gives, at a fifth of its cost per resample
+    srt = np.sort(score)
+    twice = int((np.searchsorted(srt, score[positive], 'left') + np.searchsorted(srt, score[positive], 'right') + 1).sum())
+    return float((twice / 2 - n1 * (n1 + 1) / 2) / (n1 * n0))
 
 def auroc_ci(score: Sequence[float], # one score per item (NaN: no score, left out)
              positive: Sequence[bool], # the event the score should rank first (e.g. a correct answer, a HELPFUL label)

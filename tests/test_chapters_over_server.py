@@ -6,7 +6,7 @@ only where it cannot be built) serves the smoke GGUF under the smoke profile's m
 nothing but `-p backend=llamaserver -p base_url=...`. Nothing is replayed: the runs get a fresh LLM cache
 (RAG_LAB_CACHE; the model and embedding caches are shared) and records off (RAG_LAB_RECORDS=off), or, for the smoke
 runs, an empty records folder of their own that they record into: nothing is replayed from the committed records and
-nothing is written to them (a smoke run computes three of each stage's calls and reads the others' local results from
+nothing is written to them (a smoke run computes up to three of each stage's calls and reads the others' local results from
 its own cache, seeded for it). Each chapter's smoke run keeps items in flight (workers=2) and is held to the committed smoke
 records that the local backend made one call at a time, so one run per chapter tests both the server route and the
 items in flight. The chapters come from the registry: every chapter whose parameters are `LLMParams` calls an LLM, so a
@@ -199,8 +199,8 @@ def _by_request(records) -> dict[str, dict]:
     return {LLMCache.key(**{k: v for k, v in r['request'].items() if k not in ('backend', 'model')}): r for r in records}
 
 
-COMPUTED_PER_STAGE = 3   # of a stage's local calls, the first three by key (a pseudo-random draw) are computed over the server;
-                         # the rest are seeded
+COMPUTED_EVERY, COMPUTED_PER_STAGE = 3, 3   # of a stage's local calls (by key: a pseudo-random order), the 1st, 4th and 7th
+                                            # are computed over the server; the rest are seeded
 
 
 def _stage(request: dict) -> tuple:
@@ -213,11 +213,12 @@ def _stage(request: dict) -> tuple:
 
 
 def test_every_stage_keeps_a_computed_call():
-    "Each stage's first COMPUTED_PER_STAGE calls (by key) are computed; a stage of fewer calls is computed whole."
-    rec = lambda kind, text, n: {f'{kind}{text}{i}': dict(request=dict(kind=kind, context=text + str(i))) for i in range(n)}
-    local = rec('choice', 'Verdict? ' * 20, 7) | rec('chat', 'Why?', 1)
-    computed = _to_compute(local)
-    assert len(computed) == COMPUTED_PER_STAGE + 1 and 'chatWhy?0' in computed
+    "Each stage's first call (by key) is computed, then every COMPUTED_EVERY-th, COMPUTED_PER_STAGE at most; a stage of "
+    "one call is computed whole."
+    rec = lambda kind, text, n: {f'{kind}{i:02d}': dict(request=dict(kind=kind, context=text + str(i))) for i in range(n)}
+    local = rec('choice', 'Verdict? ' * 20, 12) | rec('score', 'Label? ' * 20, 5) | rec('chat', 'Why?', 1)
+    computed = _to_compute(local)   # 12 calls: the 1st, 4th and 7th (not the 10th); 5 calls: the 1st and 4th
+    assert computed == {'choice00', 'choice03', 'choice06', 'score00', 'score03', 'chat00'}, sorted(computed)
     assert {_stage(local[k]['request']) for k in computed} == {_stage(r['request']) for r in local.values()}
 
 
@@ -225,7 +226,7 @@ def _to_compute(local: dict[str, dict]) -> set[str]:
     "The keys (of `_by_request`) of the local calls a run over the server must compute: every stage's share."
     stages: dict[tuple, list[str]] = {}
     for k in sorted(local): stages.setdefault(_stage(local[k]['request']), []).append(k)
-    return {k for keys in stages.values() for k in keys[:COMPUTED_PER_STAGE]}
+    return {k for keys in stages.values() for k in keys[::COMPUTED_EVERY][:COMPUTED_PER_STAGE]}
 
 
 def _seed_cache(local: dict[str, dict], keep: set[str], backend: str, fingerprint: str) -> int:
@@ -244,12 +245,12 @@ def _seed_cache(local: dict[str, dict], keep: set[str], backend: str, fingerprin
 @pytest.mark.parametrize('slug', [pytest.param(s, marks=(shares_corpus(s) or _own_group(s)) + ([pytest.mark.xfail(strict=True, reason=XFAIL[s])] if s in XFAIL else []))
                                   for s in LLM_CHAPTERS])
 def test_every_llm_chapter_runs_its_smoke_profile_over_the_server_with_items_in_flight(slug, served, fresh_env, tmp_path, capsys):
-    """The chapter's smoke profile over the server in scored mode, computing three of each stage's calls, with workers=2 (both of the
+    """The chapter's smoke profile over the server in scored mode, computing up to three of each stage's calls, with workers=2 (both of the
     server's slots) where the chapter keeps items in flight, against the committed smoke records that the local backend
     made one call at a time (the suite's one sequential reference: a second, sequential run over the server would only
     repeat them, since one request at a time the server agrees with the local backend within 1e-3 nats,
-    test_llama_server.py). Every stage computes a share of its calls over the server (`_to_compute`: its first
-    COMPUTED_PER_STAGE calls by key); the run reads the local results of the others from its own LLM cache, seeded under
+    test_llama_server.py). Every stage computes a share of its calls over the server (`_to_compute`: its first call by
+    key and every COMPUTED_EVERY-th after it, COMPUTED_PER_STAGE at most); the run reads the local results of the others from its own LLM cache, seeded under
     the server backend's keys, so every stage, every request kind and the items in flight go through the server at a
     fraction of the compute, and a seeded generation keeps the later requests that quote it as the local run made them.
     Every call is recorded into an empty records folder (nothing to replay) and matched to the local records by its

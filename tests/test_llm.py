@@ -423,40 +423,41 @@ def _clear_kv(llm):
 
 
 @pytest.fixture(scope='module')
-def qwen15(tmp_path_factory):
-    return LlamaCppLLM(QWEN15, n_threads=1, cache=LLMCache(tmp_path_factory.mktemp('c') / 'calls.sqlite'), ledger=Ledger())
+def qwen_k(tmp_path_factory):
+    "Qwen2.5-Coder-0.5B, Q4_K_M: the default generator's architecture, chat template and quantisation at a third of its size."
+    return LlamaCppLLM(QWEN, n_threads=1, cache=LLMCache(tmp_path_factory.mktemp('c') / 'calls.sqlite'), ledger=Ledger())
 
 
-def test_choice_with_prefix_reuse_matches_separate_full_scoring_and_is_faster(qwen15):
+def test_choice_with_prefix_reuse_matches_separate_full_scoring_and_is_faster(qwen_k):
     "One prefill shared by 4 options gives the same log-probabilities as 4 full scoring passes, at least 2x faster."
     msgs = [{'role': 'user', 'content': f'{EVIDENCE}\nQuestion: does aspirin increase bleeding? Answer yes, no or maybe.'}]
     options = [' yes', ' no', ' maybe', ' it depends on the dose']
     prefix = 'Answer:'
-    ctx = qwen15.render(msgs) + prefix
+    ctx = qwen_k.render(msgs) + prefix
     t0 = time.perf_counter(); separate = []
     for o in options:
-        _clear_kv(qwen15)                       # each option scored from scratch: no reuse at all
-        separate.append(qwen15.score(ctx, o, cache='off').total_logprob)
+        _clear_kv(qwen_k)                       # each option scored from scratch: no reuse at all
+        separate.append(qwen_k.score(ctx, o, cache='off').total_logprob)
     t_separate = time.perf_counter() - t0
-    _clear_kv(qwen15)
-    t0 = time.perf_counter(); ch = qwen15.choose(msgs, options, prefix=prefix, cache='off'); t_choice = time.perf_counter() - t0
+    _clear_kv(qwen_k)
+    t0 = time.perf_counter(); ch = qwen_k.choose(msgs, options, prefix=prefix, cache='off'); t_choice = time.perf_counter() - t0
     assert ch.best == options[max(range(4), key=separate.__getitem__)]
     assert ch.logprobs == pytest.approx(separate, abs=1e-6)   # aligned prefill: bit-identical, not just close
     assert ch.n_tokens[:3] == [1, 1, 1] and ch.n_tokens[3] > 1 and ch.context_tokens > 300
     assert t_separate / t_choice >= 2, (t_separate, t_choice)
 
 
-def test_results_do_not_depend_on_earlier_calls(qwen15):
+def test_results_do_not_depend_on_earlier_calls(qwen_k):
     "Prefix reuse is exact: a call gives the same result fresh, after an unrelated call, and after a call sharing its prefix."
     q = [{'role': 'user', 'content': f'{EVIDENCE}\nIn one sentence: what does aspirin inhibit?'}]
     other = [{'role': 'user', 'content': 'Name three primary colours.'}]
     sibling = [{'role': 'user', 'content': f'{EVIDENCE}\nIn one sentence: what does aspirin increase?'}]
     runs = []
     for before in (None, other, sibling):
-        _clear_kv(qwen15)
-        if before: qwen15.chat(before, max_tokens=12, cache='off')
-        runs.append((qwen15.chat(q, max_tokens=24, cache='off').text,
-                     qwen15.choose(q, [' COX', ' platelets', ' bleeding'], prefix='Aspirin inhibits', cache='off').logprobs))
+        _clear_kv(qwen_k)
+        if before: qwen_k.chat(before, max_tokens=12, cache='off')
+        runs.append((qwen_k.chat(q, max_tokens=24, cache='off').text,
+                     qwen_k.choose(q, [' COX', ' platelets', ' bleeding'], prefix='Aspirin inhibits', cache='off').logprobs))
     assert runs[0] == runs[1] == runs[2]
 
 

@@ -547,3 +547,14 @@ def test_a_system_inside_the_best_constants_interval_is_flagged():
     assert no_better_than_constant(lenient, constants) == 'no better than always-Valid'
     good = score_verdicts(truth, ['Valid'] * 27 + ['Invalid'] * 2 + ['Invalid'] * 19 + ['Valid'] * 2)
     assert no_better_than_constant(good, constants) == ''
+
+
+def test_chunk_redundancy_is_memoised_by_text_and_hands_out_its_own_array():
+    "Calibration scores each claim's chunks once per grid point: the TF-IDF is computed once; a caller that edits the "
+    "array it got changes nothing for the next caller."
+    from rag_lab.papers.verirag_hv import chunk_redundancy, _redundancy_of
+    chunks = ['aspirin lowers fever in adults', 'aspirin lowers fever in children']
+    first = chunk_redundancy(chunks); first[:] = -1
+    hits = _redundancy_of.cache_info().hits
+    again = chunk_redundancy(tuple(chunks))
+    assert _redundancy_of.cache_info().hits == hits + 1 and again[0] == 0 and 0.3 < again[1] < 1

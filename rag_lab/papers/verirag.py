@@ -4,7 +4,7 @@
 
 # %% ../../nbs/42_verirag_method.ipynb #5411f162
 from __future__ import annotations
-import hashlib, json, math, re
+import functools, hashlib, json, math, re
 from dataclasses import dataclass, field
 from typing import Annotated, Literal, Mapping, Sequence
 import numpy as np
@@ -275,15 +275,20 @@ def first_per_set(cases: Sequence[ClaimCase], # cases in `claim_cases` order
 
 # %% ../../nbs/42_verirag_method.ipynb #00d4f0b9
 def evidence_chunks(paper: EvidencePaper, claim: str, k: int = 2) -> list[str]:
-    "The `k` sentences of the paper most similar to the claim (TF-IDF cosine), in the paper's order."
-    sents = split_sentences(paper.text) or [paper.text]
-    if len(sents) <= k: return sents
+    "The `k` sentences of the paper most similar to the claim (TF-IDF cosine), in the paper's order (memoised by the "
+    "texts: every baseline and scenario asks again for the same paper and claim)."
+    return list(_chunks_of(paper.text, claim, k))
+
+@functools.lru_cache(maxsize=16384)
+def _chunks_of(text: str, claim: str, k: int) -> tuple[str, ...]:
+    sents = split_sentences(text) or [text]
+    if len(sents) <= k: return tuple(sents)
     try:
         X = TfidfVectorizer(stop_words='english').fit_transform([claim] + sents)
         sim = cosine_similarity(X[0], X[1:]).ravel()
     except ValueError: sim = np.zeros(len(sents))
     keep = sorted(np.argsort(-sim, kind='stable')[:k])
-    return [sents[i] for i in keep]
+    return tuple(sents[i] for i in keep)
 
 def evidence_header(case: ClaimCase, paper_ids: Sequence[str]) -> str:
     "The block every snippet-reading prompt starts with: each paper's chunks, numbered [1], [2], ... in evidence order."

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/41_verirag_hv.ipynb #d6139e21
 from __future__ import annotations
-import itertools, math
+import functools, itertools, math
 from fractions import Fraction
 from dataclasses import dataclass
 from typing import Literal, Mapping, Sequence
@@ -107,8 +107,12 @@ def paper_quality(v: Sequence[float], # audit vector in {0, 0.5, 1}^K
 # %% ../../nbs/41_verirag_hv.ipynb #c8d397fe
 def chunk_redundancy(chunks: Sequence[str], # evidence chunks of one claim, in evidence order
                     ) -> np.ndarray: # ρ_c per chunk: max cosine similarity to any earlier chunk (first: 0)
-    "Def. 3.4: each chunk's highest TF-IDF similarity to a preceding chunk."
-    chunks = [str(c) for c in chunks]
+    "Def. 3.4: each chunk's highest TF-IDF similarity to a preceding chunk (memoised by the chunks' text: calibration "
+    "scores every training claim's chunks once per (α, λ, C) of its grid)."
+    return _redundancy_of(tuple(str(c) for c in chunks)).copy()
+
+@functools.lru_cache(maxsize=8192)
+def _redundancy_of(chunks: tuple[str, ...]) -> np.ndarray:
     if len(chunks) < 2: return np.zeros(len(chunks))
     try: X = TfidfVectorizer(stop_words='english').fit_transform(chunks)
     except ValueError: return np.zeros(len(chunks))   # no word survives: nothing can be redundant
