@@ -225,8 +225,8 @@ def _auroc(score: np.ndarray, positive: np.ndarray) -> float:
     if not n1 or not n0 or np.isnan(score).any(): return float('nan')
     # a positive's average rank is (lo + hi + 1) / 2 (lo, hi: scores below it, and not above it), so twice the rank sum is
     # an integer: the value is exact, the same bits as scipy's `rankdata` gives, at a quarter of its cost per resample
-    srt = np.sort(score)
-    twice = int((np.searchsorted(srt, score[positive], 'left') + np.searchsorted(srt, score[positive], 'right') + 1).sum())
+    srt, pos = np.sort(score), score[positive]
+    twice = int((np.searchsorted(srt, pos, 'left') + np.searchsorted(srt, pos, 'right') + 1).sum())
     return float((twice / 2 - n1 * (n1 + 1) / 2) / (n1 * n0))
 
 def auroc_ci(score: Sequence[float], # one score per item (NaN: no score, left out)
